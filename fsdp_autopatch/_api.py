@@ -1,0 +1,43 @@
+"""The public API: ``apply()`` and ``status()``, for interpreters that do not read ``.pth`` files
+(``python -S``, embedded interpreters, ``PYTHONPATH`` or ``pip install --target`` installs)."""
+
+from __future__ import annotations
+
+import fsdp_autopatch
+from fsdp_autopatch import _config, _hooks
+from fsdp_autopatch._hooks import Status
+
+__all__ = ["Status", "apply", "status"]
+
+
+def apply(force: bool = False) -> Status:
+    """Arm the patch in this process, as the ``.pth`` file does, and return ``status()``.
+
+    The patch is installed as soon as torch's FSDP2 and transformers are both imported (now, if
+    they already are) and the version matrix shows the bug; ``force=True`` patches as soon as
+    FSDP2 is imported, whatever the versions. ``FSDP_AUTOPATCH=0`` still wins: it is the
+    operator's switch.
+    """
+    mode = _config.mode_from_environment()
+    if mode.name != _config.OFF:
+        if force:
+            mode = _config.Mode(_config.FORCE, mode.raw)
+        fsdp_autopatch.disarm()
+        _hooks.watch(mode)
+    return status()
+
+
+def status() -> Status:
+    """What the patch did in this process: ``applied``, ``reason``, ``mode``, versions, ``to_dict()``."""
+    current = _hooks.current_status()
+    if current is not None:
+        return current
+    mode = _config.mode_from_environment()
+    if mode.name == _config.OFF:
+        reason = f"disabled by {_config.MODE_VARIABLE}={mode.raw}"
+    elif fsdp_autopatch.armed:
+        reason = "armed: waiting for the first import of torch or transformers"
+    else:
+        reason = ("not armed: fsdp_autopatch.pth did not run in this interpreter (python -S, "
+                  "PYTHONPATH or --target install?); call fsdp_autopatch.apply()")
+    return Status(False, reason, mode.name)
