@@ -1,0 +1,169 @@
+"""The proof, run for real: shard tiny transformers models with FSDP2 on a gloo CPU group.
+
+Run as ``python -m fsdp_autopatch._verify`` in a fresh interpreter (so the ``.pth`` start-up path
+is what patches it), once per rank: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
+come from the environment, as under torchrun. For each model it shards every decoder layer and
+then the root, trains a few steps next to an unsharded copy of the same weights, and prints one
+JSON line (rank 0 only): the class torch built, both losses, or the error. ``fsdp-autopatch
+verify`` reads those lines; the tests call ``shard_and_train`` directly.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+from typing import Any
+
+# The three transformers heads that inherit abc.ABC in 4.54.0-4.55.2, and a causal LM of the same
+# family, which never needed the patch and must get torch's own class.
+MODELS = {
+    "token-classification": "AutoModelForTokenClassification",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "causal-lm": "AutoModelForCausalLM",
+}
+VOCABULARY = 128
+BATCH, SEQUENCE = 2, 8
+STEPS = 2
+
+
+def tiny_config() -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=VOCABULARY, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_labels=3, pad_token_id=0,
+        # No dropout: sharded and unsharded copies must compute the same losses.
+        classifier_dropout=0.0,
+    )
+
+
+def build_model(kind: str) -> Any:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    return getattr(transformers, MODELS[kind]).from_config(tiny_config())
+
+
+def make_batch(kind: str, step: int) -> dict[str, Any]:
+    """The same batch on every rank, so sharded and unsharded training see the same data."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1000 + step)
+    ids = torch.randint(1, VOCABULARY, (BATCH, SEQUENCE), generator=generator)
+    if kind == "token-classification":
+        return {"input_ids": ids, "labels": torch.randint(0, 3, (BATCH, SEQUENCE), generator=generator)}
+    if kind == "sequence-classification":
+        return {"input_ids": ids, "labels": torch.randint(0, 3, (BATCH,), generator=generator)}
+    if kind == "question-answering":
+        positions = torch.randint(0, SEQUENCE, (2, BATCH), generator=generator)
+        return {"input_ids": ids, "start_positions": positions[0], "end_positions": positions[1]}
+    return {"input_ids": ids, "labels": ids}
+
+
+def describe_class(cls: type) -> dict[str, Any]:
+    """What makes two wrapper classes the same: name, bases, metaclass, MRO, own attributes."""
+    return {
+        "name": cls.__name__,
+        "bases": [f"{base.__module__}.{base.__qualname__}" for base in cls.__bases__],
+        "metaclass": f"{type(cls).__module__}.{type(cls).__qualname__}",
+        "mro": [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__],
+        "namespace": sorted(cls.__dict__),
+    }
+
+
+def shard_and_train(kind: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
+    """Shard each decoder layer and the root, then train next to an unsharded copy."""
+    import torch
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    started = time.perf_counter()
+    model = build_model(kind)
+    original = type(model)
+    reference = copy.deepcopy(model)
+    result: dict[str, Any] = {"model": kind, "class": type(model).__name__}
+    try:
+        for layer in model.base_model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    except TypeError as error:
+        result.update(sharded=False, error=str(error), seconds=time.perf_counter() - started)
+        return result
+    losses: dict[Any, list[float]] = {model: [], reference: []}
+    optimizers = {net: torch.optim.SGD(net.parameters(), lr=0.1) for net in losses}
+    for step in range(steps):
+        for net, optimizer in optimizers.items():
+            loss = net(**make_batch(kind, step)).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses[net].append(loss.item())
+    result.update(
+        sharded=True,
+        wrapper=describe_class(type(model)),
+        is_fsdp_module=isinstance(model, FSDPModule),
+        # torch's own construction: type(f"FSDP{name}", (FSDPModule, cls), ...)
+        upstream_bases=type(model).__bases__ == (FSDPModule, original),
+        original_at_mro_2=type(model).__mro__[2] is original,
+        layer_wrapper=type(model.base_model.layers[0]).__name__,
+        losses=losses[model],
+        reference_losses=losses[reference],
+        max_loss_difference=max(abs(a - b) for a, b in zip(losses[model], losses[reference])),
+        seconds=time.perf_counter() - started,
+    )
+    return result
+
+
+def init_process_group() -> Any:
+    """Join (or, alone, form) the gloo group described by torchrun's environment variables."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo")
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def main(argv: list[str]) -> int:
+    kinds = argv or list(MODELS)
+    unknown = [kind for kind in kinds if kind not in MODELS]
+    if unknown:
+        print(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    import torch.distributed as dist
+    import torch.distributed.fsdp  # noqa: F401  (with transformers: what the patch waits for)
+    import transformers  # noqa: F401
+
+    import fsdp_autopatch
+
+    mesh = init_process_group()
+    rank = dist.get_rank()
+    try:
+        if rank == 0:
+            print(json.dumps({"status": fsdp_autopatch.status().to_dict()}), flush=True)
+        for kind in kinds:
+            result = shard_and_train(kind, mesh)
+            if rank == 0:
+                print(json.dumps(result), flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,69 @@
+"""A user's training process, for the tests: import torch's FSDP2 and transformers in a chosen
+order (or from many threads at once), then run the tiny-model proof of fsdp_autopatch._verify.
+
+    python tests/scenario.py [--order fsdp-first|transformers-first|threads] [--apply|--force]
+                             [model ...]
+
+Prints the proof's JSON lines; runs as one rank, or as every rank under torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import random
+import sys
+import threading
+
+FSDP, TRANSFORMERS = "torch.distributed.fsdp", "transformers"
+
+
+def import_in_threads(count: int = 16) -> None:
+    """``count`` threads, released together, each importing both packages in a random order."""
+    barrier = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        names = [FSDP, TRANSFORMERS]
+        random.Random(seed).shuffle(names)
+        barrier.wait()
+        try:
+            for name in names:
+                importlib.import_module(name)
+        except BaseException as error:  # reported below, in the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    if errors or any(thread.is_alive() for thread in threads):
+        raise SystemExit(f"threaded imports failed: {errors or 'a thread hung'}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--order", choices=("fsdp-first", "transformers-first", "threads"),
+                        default="fsdp-first")
+    parser.add_argument("--apply", action="store_true", help="call fsdp_autopatch.apply() afterwards")
+    parser.add_argument("--force", action="store_true", help="call fsdp_autopatch.apply(force=True)")
+    parser.add_argument("models", nargs="*")
+    options = parser.parse_args()
+    if options.order == "threads":
+        import_in_threads()
+    else:
+        first, second = (FSDP, TRANSFORMERS) if options.order == "fsdp-first" else (TRANSFORMERS, FSDP)
+        importlib.import_module(first)
+        importlib.import_module(second)
+    if options.apply or options.force:
+        import fsdp_autopatch
+
+        fsdp_autopatch.apply(force=options.force)
+    from fsdp_autopatch import _verify
+
+    return _verify.main(options.models)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
