@@ -67,7 +67,9 @@ def json_lines(output: str) -> list[dict[str, Any]]:
     return objects
 
 
-def run_scenario(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 600) -> list[dict[str, Any]]:
+def run_scenario(
+    *args: str, env: Optional[dict[str, str]] = None, timeout: float = 600
+) -> list[dict[str, Any]]:
     """Run tests/scenario.py in a fresh interpreter; fail with its stderr if it fails."""
     result = subprocess.run(
         [sys.executable, str(SCENARIO), *args], capture_output=True, text=True,

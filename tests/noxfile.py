@@ -32,6 +32,9 @@ def install_wheel(session: nox.Session, *requirements: str) -> None:
     session.run("python", "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(ROOT))
     (wheel,) = dist.glob("fsdp_autopatch-*.whl")
     session.install(str(wheel), *requirements)
+    # From the checkout's root, where test paths given after "--" are meant; pytest puts tests/
+    # (not the root) on sys.path, so the package under test is the installed wheel.
+    session.chdir(ROOT)
 
 
 @nox.session(python="3.11", venv_backend="venv")

@@ -1,0 +1,47 @@
+"""The FSDP_AUTOPATCH and FSDP_AUTOPATCH_LOG switches."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsdp_autopatch import _config
+
+
+@pytest.mark.parametrize("raw", [None, "", "auto", "1", "on", "true", " AUTO ", "True", "\tOn\n"])
+def test_auto_values(raw: str | None) -> None:
+    mode = _config.parse_mode(raw)
+    assert (mode.name, mode.problem) == (_config.AUTO, "")
+
+
+@pytest.mark.parametrize("raw", ["0", "off", "false", "no", "disable", " OFF ", "No", "DISABLE\n"])
+def test_off_values(raw: str) -> None:
+    mode = _config.parse_mode(raw)
+    assert (mode.name, mode.problem) == (_config.OFF, "")
+
+
+@pytest.mark.parametrize("raw", ["force", " FORCE", "Force\n"])
+def test_force(raw: str) -> None:
+    assert _config.parse_mode(raw).name == _config.FORCE
+
+
+@pytest.mark.parametrize("raw", ["2", "yes please", "ünïcødé", "$(rm -rf /); `x` | & ;", "x" * 10_000, "-1"])
+def test_other_values_fall_back_to_auto_with_one_ascii_line(raw: str) -> None:
+    mode = _config.parse_mode(raw)
+    assert mode.name == _config.AUTO
+    assert "\n" not in mode.problem and mode.problem.isascii()
+    assert "auto" in mode.problem and "force" in mode.problem and "0|off" in mode.problem
+    assert len(mode.problem) < 300
+
+
+def test_environment_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_config.MODE_VARIABLE, "off")
+    assert _config.mode_from_environment().name == _config.OFF
+    monkeypatch.delenv(_config.MODE_VARIABLE)
+    assert _config.mode_from_environment().name == _config.AUTO
+
+
+@pytest.mark.parametrize(("raw", "level"), [("debug", "debug"), (" INFO ", "info"), ("warning", "warning"),
+                                            ("", None), ("loud", None), ("error", None)])
+def test_log_level(monkeypatch: pytest.MonkeyPatch, raw: str, level: str | None) -> None:
+    monkeypatch.setenv(_config.LOG_VARIABLE, raw)
+    assert _config.log_level_from_environment() == level

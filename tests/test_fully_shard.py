@@ -1,0 +1,262 @@
+"""fully_shard with the installed patch, on real torch and transformers, in fresh interpreters.
+
+Each claim is checked twice in the same environment: patched (the default) and with
+FSDP_AUTOPATCH=0, which must bring torch's original TypeError back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SCENARIO, environment, json_lines, run_python, run_scenario
+
+pytestmark = pytest.mark.slow
+
+AFFECTED = ("token-classification", "sequence-classification", "question-answering")
+LAYOUT_ERROR = "object layout differs"
+DISABLED = environment(FSDP_AUTOPATCH="0")
+
+
+def by_model(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {line["model"]: line for line in lines if "model" in line}
+
+
+def status_of(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    (status,) = [line["status"] for line in lines if "status" in line]
+    return status
+
+
+@pytest.fixture(scope="module")
+def unpatched(real_torch: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The proof run with the patch disabled: what torch does on its own."""
+    lines = run_scenario(env=DISABLED)
+    assert status_of(lines)["applied"] is False
+    return by_model(lines)
+
+
+def assert_bug_without_patch(unpatched: dict[str, dict[str, Any]]) -> None:
+    for kind in AFFECTED:
+        assert unpatched[kind]["sharded"] is False and LAYOUT_ERROR in unpatched[kind]["error"]
+
+
+def assert_trains_like_unsharded(result: dict[str, Any]) -> None:
+    assert result["sharded"], result.get("error")
+    assert result["is_fsdp_module"] and result["original_at_mro_2"]
+    assert result["layer_wrapper"] == "FSDPQwen2DecoderLayer"
+    assert len(result["losses"]) == 2
+    assert result["max_loss_difference"] < 1e-5, (result["losses"], result["reference_losses"])
+
+
+@pytest.mark.parametrize("order", ["fsdp-first", "transformers-first", "threads"])
+def test_affected_heads_shard_and_train_like_the_unsharded_model(
+    order: str, unpatched: dict[str, dict[str, Any]]
+) -> None:
+    lines = run_scenario("--order", order)
+    status = status_of(lines)
+    assert status["applied"] is True and status["in_matrix"] is True, status
+    results = by_model(lines)
+    for kind in AFFECTED:
+        assert_trains_like_unsharded(results[kind])
+        assert results[kind]["upstream_bases"] is False
+    assert_bug_without_patch(unpatched)
+
+
+def test_causal_lm_gets_torchs_exact_class(unpatched: dict[str, dict[str, Any]]) -> None:
+    patched = by_model(run_scenario("causal-lm"))["causal-lm"]
+    assert_trains_like_unsharded(patched)
+    assert patched["upstream_bases"] is True
+    assert patched["wrapper"] == unpatched["causal-lm"]["wrapper"]
+    assert_bug_without_patch(unpatched)
+
+
+def torchrun(tmp_path: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(SCENARIO), *AFFECTED],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json_lines(result.stdout)
+
+
+def test_two_ranks_under_torchrun(tmp_path: Path, real_torch: dict[str, str]) -> None:
+    patched = by_model(torchrun(tmp_path, environment()))
+    for kind in AFFECTED:
+        assert_trains_like_unsharded(patched[kind])
+    assert_bug_without_patch(by_model(torchrun(tmp_path, DISABLED)))
+
+
+USER_MODULES = """
+    import abc, collections.abc, copy, json, os, typing
+    import torch, torch.distributed as dist
+    from torch import nn
+    import torch.distributed.fsdp, transformers
+    import torch.distributed._composable.fsdp as composable
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp._fully_shard import _fully_shard
+    from fsdp_autopatch import _verify
+
+    T = typing.TypeVar("T")
+
+    class AbcHead(abc.ABC, nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+        def forward(self, x):
+            return self.linear(x)
+
+    class GenericHead(typing.Generic[T], nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+        def forward(self, x):
+            return self.linear(x)
+
+    class SizedHead(collections.abc.Sized, nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+        def __len__(self):
+            return 1
+        def forward(self, x):
+            return self.linear(x)
+
+    class AbcSequential(abc.ABC, nn.Sequential):
+        pass
+
+    mesh = _verify.init_process_group()
+    report = {}
+    for cls in (AbcHead, GenericHead, SizedHead):
+        module = cls()
+        try:
+            fully_shard(module, mesh=mesh)
+        except TypeError as error:
+            report[cls.__name__] = {"error": str(error)}
+            continue
+        module(torch.ones(2, 4)).sum().backward()
+        module.unshard()
+        module.reshard()
+        twin = cls()
+        fully_shard(twin, mesh=mesh)
+        try:
+            copy.deepcopy(module)
+            deepcopy_guarded = False
+        except AssertionError:
+            deepcopy_guarded = True
+        wrapper = type(module)
+        report[cls.__name__] = {
+            "aliases": [isinstance(module, alias) for alias in
+                        (FSDPModule, composable.FSDPModule, _fully_shard.FSDPModule)],
+            "fsdp_methods_resolve_to_fsdpmodule": all(
+                getattr(wrapper, name) is getattr(FSDPModule, name)
+                for name in ("reshard", "unshard", "set_requires_gradient_sync", "_apply", "__new__")),
+            "original_at_index_2": wrapper.__mro__[2] is cls,
+            "one_class_per_original": type(twin) is wrapper,
+            "cached": _fully_shard.get_cls_to_fsdp_cls()[cls] is wrapper,
+            "deepcopy_guarded": deepcopy_guarded,
+            "metaclass_as_upstream": type(wrapper) is type(cls),
+        }
+    container = AbcSequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    try:
+        fully_shard(container, mesh=mesh)
+        report["slice"] = type(container[0:2]).__name__
+    except TypeError as error:
+        report["slice"] = str(error)
+    dist.destroy_process_group()
+    print(json.dumps(report))
+"""
+
+
+def test_users_own_abc_generic_and_collections_abc_modules(real_torch: dict[str, str]) -> None:
+    patched = run_python(USER_MODULES)
+    assert patched.returncode == 0, patched.stderr[-4000:]
+    (report,) = json_lines(patched.stdout)
+    for name in ("AbcHead", "GenericHead", "SizedHead"):
+        assert report[name] == {
+            "aliases": [True, True, True], "fsdp_methods_resolve_to_fsdpmodule": True,
+            "original_at_index_2": True, "one_class_per_original": True, "cached": True,
+            "deepcopy_guarded": True, "metaclass_as_upstream": True,
+        }, name
+    # Slicing a sharded container goes through FSDPModule.__new__ and returns the original class.
+    assert report["slice"] == "AbcSequential"
+
+    unpatched = run_python(USER_MODULES, env=DISABLED)
+    assert unpatched.returncode == 0, unpatched.stderr[-4000:]
+    (report,) = json_lines(unpatched.stdout)
+    for name in ("AbcHead", "GenericHead", "SizedHead"):
+        assert LAYOUT_ERROR in report[name]["error"]
+    assert LAYOUT_ERROR in report["slice"]
+
+
+NEWER_TRANSFORMERS = "4.57.6"
+
+
+@pytest.fixture(scope="session")
+def newer_transformers(request: pytest.FixtureRequest, real_torch: dict[str, str]) -> Path:
+    """transformers 4.57.6 (no ABC heads) in a directory that shadows the environment's 4.55.2."""
+    target = Path(request.config.cache.mkdir(f"transformers-{NEWER_TRANSFORMERS}"))
+    if not (target / "transformers").is_dir():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "--target", str(target), f"transformers=={NEWER_TRANSFORMERS}"],
+            check=True, timeout=900,
+        )
+    return target
+
+
+ABC_HEAD_WITH_STATUS = """
+    import abc, json
+    import torch.distributed.fsdp, transformers
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    import fsdp_autopatch
+    from fsdp_autopatch import _verify
+
+    class Head(abc.ABC, nn.Linear):
+        pass
+
+    mesh = _verify.init_process_group()
+    try:
+        fully_shard(Head(4, 4), mesh=mesh)
+        error = None
+    except TypeError as caught:
+        error = str(caught)
+    print(json.dumps({"transformers": transformers.__version__, "error": error,
+                      "status": fsdp_autopatch.status().to_dict()}))
+"""
+
+
+@pytest.mark.parametrize(("mode", "applied"), [(None, False), ("force", True)])
+def test_newer_transformers_is_left_alone_unless_forced(
+    newer_transformers: Path, mode: str | None, applied: bool
+) -> None:
+    env = environment(FSDP_AUTOPATCH=mode, PYTHONPATH=str(newer_transformers))
+    result = run_python(ABC_HEAD_WITH_STATUS, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (report,) = json_lines(result.stdout)
+    assert report["transformers"] == NEWER_TRANSFORMERS
+    assert report["status"]["applied"] is applied, report["status"]
+    if applied:
+        assert report["error"] is None and "force" in report["status"]["reason"]
+    else:
+        # Unpatched, a user's own ABC module still hits the bug: force is the way out.
+        assert LAYOUT_ERROR in report["error"]
+        assert f"transformers {NEWER_TRANSFORMERS} is not affected" in report["status"]["reason"]
+
+
+def test_status_reports_versions_and_site(real_torch: dict[str, str]) -> None:
+    result = run_python(ABC_HEAD_WITH_STATUS)
+    (report,) = json_lines(result.stdout)
+    status = report["status"]
+    assert report["error"] is None
+    assert status["torch"] == real_torch["torch"] or status["torch"].startswith(real_torch["torch"])
+    assert status["transformers"] == real_torch["transformers"]
+    assert status["sites"] == ["torch.distributed.fsdp._fully_shard._fully_shard.cls_to_fsdp_cls"]
+    assert json.loads(json.dumps(status)) == status
+    unpatched = run_python(ABC_HEAD_WITH_STATUS, env=DISABLED)
+    assert LAYOUT_ERROR in json_lines(unpatched.stdout)[0]["error"]
