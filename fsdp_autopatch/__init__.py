@@ -42,11 +42,16 @@ class FirstImportWatcher:
         if fullname not in WATCHED_PACKAGES:
             return None
         spec = find_spec_after(self, fullname, path, target)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            self.hand_over()
-            return spec
-        spec.loader = HandOverLoader(loader, self)  # type: ignore[attr-defined]
+        if spec is None:  # not installed: nothing to arm for, and the import fails as usual
+            return None
+        try:
+            loader = getattr(spec, "loader", None)
+            if loader is not None and hasattr(loader, "exec_module"):
+                spec.loader = HandOverLoader(loader, self)  # type: ignore[attr-defined]
+                return spec
+        except Exception:  # an unusual spec or loader: arm right here instead
+            pass
+        self.hand_over()
         return spec
 
     def hand_over(self) -> None:
@@ -76,10 +81,13 @@ class HandOverLoader:
 
     def exec_module(self, module: object) -> None:
         # The package sees its real loader, as if this one had never been there.
-        module.__loader__ = self.loader  # type: ignore[attr-defined]
-        spec = getattr(module, "__spec__", None)
-        if spec is not None and spec.loader is self:
-            spec.loader = self.loader
+        try:
+            module.__loader__ = self.loader  # type: ignore[attr-defined]
+            spec = getattr(module, "__spec__", None)
+            if spec is not None and spec.loader is self:
+                spec.loader = self.loader
+        except Exception:
+            pass
         self.loader.exec_module(module)  # type: ignore[attr-defined]
         # wrapt's finder was not on sys.meta_path when this import was found, so the
         # post-import hooks for this very package are run from here.
