@@ -20,9 +20,10 @@ Pure Python; no torch here.
 
 from __future__ import annotations
 
+import builtins
 import types
 import typing
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 # CPython type flags (Include/object.h), stable since 3.0.
 _HEAPTYPE = 1 << 9
@@ -165,17 +166,36 @@ class WrapperMirrors:
         return mirror
 
 
+def _call_type(*args: Any, **kwargs: Any) -> Any:
+    return type(*args, **kwargs)
+
+
+def type_called_from(module_name: str) -> Callable[..., Any]:
+    """``type`` as called from code in ``module_name``.
+
+    ``type(name, bases, ns)`` names the new class's ``__module__`` after the globals of the
+    frame that calls it (unless a metaclass's own ``__new__`` is that frame, as with ABCMeta),
+    so classes built through this carry the module name upstream's would.
+    """
+    return types.FunctionType(
+        _call_type.__code__, {"__name__": module_name, "__builtins__": builtins.__dict__}
+    )
+
+
 def build_wrapper_class(
-    mirrors: WrapperMirrors, wrapper: type, cls: type, name: str, namespace: dict[str, Any]
+    mirrors: WrapperMirrors, wrapper: type, cls: type, name: str, namespace: dict[str, Any],
+    module_name: str,
 ) -> Optional[type]:
-    """The class upstream should have built for ``cls``, or None where upstream's is accepted.
+    """The class upstream should have built for ``cls`` in ``module_name``, or None where
+    upstream's is accepted.
 
     Raises TypeError when no compatible class can be built (e.g. a ``typing.Protocol`` parent).
     """
     parent = layout_parent_to_match(wrapper, cls)
     if parent is None:
         return None
-    new_cls = type(name, (mirrors.get(wrapper, parent), cls), dict(namespace))
+    bases = (mirrors.get(wrapper, parent), cls)
+    new_cls = type_called_from(module_name)(name, bases, dict(namespace))
     if not swap_accepted(cls, new_cls):
         raise TypeError(f"built {name} but its layout still differs from {cls.__qualname__}")
     _check_super_calls(new_cls, wrapper)

@@ -51,15 +51,18 @@ TORCH_ROWS = (
     Row("torch", (0,), (2, 4), False, "no FSDP2 fully_shard before 2.4"),
     Row("torch", (2, 4), (2, 5), True,
         "2.4.1 read: _composable/fsdp/fully_shard.py builds FSDP<Name>(FSDPModule, cls) inline, "
-        "no class cache"),
+        "no class cache; 2.4.1 + transformers 4.55.2 run: layout error, fixed by the inline "
+        "site (its FSDP2 trains only on CUDA, so no train step on CPU)"),
     Row("torch", (2, 5), (2, 6), True,
-        "2.5.1 read: _composable/fsdp/fully_shard.py, cls_to_fsdp_cls cache, same construction"),
+        "2.5.1 read: _composable/fsdp/fully_shard.py, cls_to_fsdp_cls cache, same construction; "
+        "2.5.1 + transformers 4.54.0 run: layout error, fixed (its FSDP2 trains only on CUDA)"),
     Row("torch", (2, 6), (2, 11), True,
         "2.6.0, 2.8.0, 2.9.1, 2.10.0 read: fsdp/_fully_shard/_fully_shard.py, same construction "
         "and cache; 2.8.0 + transformers 4.55.2 run: layout error"),
     Row("torch", (2, 11), (2, 16), True,
         "2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0 read: _fsdp_init._apply_to_module, same "
-        "construction; 2.13.0 + transformers 4.54.0 and 4.55.2 run: layout error"),
+        "construction; 2.13.0 + transformers 4.54.0 and 4.55.2, 2.15.0 + transformers 4.55.2 run: "
+        "layout error"),
 )
 
 _RELEASE_PATTERN = re.compile(r"\s*v?(?:\d+!)?(\d+(?:\.\d+)*)")

@@ -63,6 +63,24 @@ REPLICATE_SITE = Site(
 _mirrors = _layout.WrapperMirrors()
 
 
+@dataclass(frozen=True)
+class Construction:
+    """How torch builds a wrapper class: ``type(prefix + name, (wrapper, cls), {"__deepcopy__":
+    deepcopy})``, called from code in ``module`` (which names the class's ``__module__``)."""
+
+    wrapper: type
+    prefix: str
+    deepcopy: Callable[..., Any]
+    module: str
+
+    def build(self, cls: type) -> Optional[type]:
+        """A layout-compatible wrapper class for ``cls``, or None where torch's own is accepted."""
+        return _layout.build_wrapper_class(
+            _mirrors, self.wrapper, cls, f"{self.prefix}{cls.__name__}",
+            {"__deepcopy__": self.deepcopy}, self.module,
+        )
+
+
 class LayoutFixingCache(dict):  # type: ignore[type-arg]
     """torch's ``cls -> wrapper class`` cache that builds layout-compatible classes on a miss.
 
@@ -70,18 +88,9 @@ class LayoutFixingCache(dict):  # type: ignore[type-arg]
     can build, it answers like a plain dict (a miss), so torch builds and stores its own class.
     """
 
-    def __init__(
-        self,
-        entries: dict[type, type],
-        wrapper: type,
-        prefix: str,
-        deepcopy: Callable[..., Any],
-        site: str,
-    ) -> None:
+    def __init__(self, entries: dict[type, type], construction: Construction, site: str) -> None:
         super().__init__(entries)
-        self.wrapper = wrapper
-        self.prefix = prefix
-        self.deepcopy = deepcopy
+        self.construction = construction
         self.site = site
         self._lock = threading.Lock()
         self._refused: set[type] = set()
@@ -99,14 +108,11 @@ class LayoutFixingCache(dict):  # type: ignore[type-arg]
             if found is not None or cls in self._refused:
                 return found
             try:
-                built = _layout.build_wrapper_class(
-                    _mirrors, self.wrapper, cls, f"{self.prefix}{cls.__name__}",
-                    {"__deepcopy__": self.deepcopy},
-                )
+                built = self.construction.build(cls)
             except Exception as error:  # upstream then fails as it would have without us
                 self._refused.add(cls)
                 logger.warning("cannot build a layout-compatible %s%s (%s); leaving it to torch",
-                               self.prefix, cls.__name__, error)
+                               self.construction.prefix, cls.__name__, error)
                 return None
             if built is not None:
                 logger.debug("built %s for %s via %s", built.__name__, cls.__qualname__, self.site)
@@ -114,19 +120,23 @@ class LayoutFixingCache(dict):  # type: ignore[type-arg]
             return built
 
 
-def _type_for_inline_site(wrapper: type, prefix: str, cache: LayoutFixingCache) -> Callable[..., Any]:
+def _type_for_inline_site(cache: LayoutFixingCache) -> Callable[..., Any]:
     """A stand-in for the builtin ``type`` in a module that builds wrapper classes inline."""
     builtin_type = builtins.type
+    construction = cache.construction
+    # Every other call keeps torch's module name on what it builds, as a direct call would.
+    call_type = _layout.type_called_from(construction.module)
 
     def type_(*args: Any, **kwargs: Any) -> Any:
         if len(args) == 3 and not kwargs:
             name, bases, _namespace = args
-            if (isinstance(bases, tuple) and len(bases) == 2 and bases[0] is wrapper
-                    and isinstance(bases[1], builtin_type) and name == prefix + bases[1].__name__):
+            if (isinstance(bases, tuple) and len(bases) == 2 and bases[0] is construction.wrapper
+                    and isinstance(bases[1], builtin_type)
+                    and name == construction.prefix + bases[1].__name__):
                 built = cache.get(bases[1])
                 if built is not None:
                     return built
-        return builtin_type(*args, **kwargs)
+        return call_type(*args, **kwargs)
 
     type_.__wrapped__ = builtin_type  # type: ignore[attr-defined]
     return type_
@@ -141,7 +151,7 @@ def loaded(name: str) -> Optional[ModuleType]:
     return module
 
 
-def _resolve(site: Site) -> Optional[tuple[ModuleType, type, Callable[..., Any]]]:
+def _resolve(site: Site) -> Optional[tuple[ModuleType, Construction]]:
     module = loaded(site.module)
     if module is None:
         return None
@@ -150,7 +160,10 @@ def _resolve(site: Site) -> Optional[tuple[ModuleType, type, Callable[..., Any]]
     has_cache = site.cache is None or isinstance(getattr(module, site.cache, None), dict)
     if not isinstance(wrapper, type) or deepcopy is None or not has_cache:
         return None
-    return module, wrapper, deepcopy
+    # torch 2.11+ calls type() in the shared helper _fsdp_init._apply_to_module.
+    helper = getattr(module, "_apply_to_module", None)
+    builder = getattr(helper, "__module__", None) or module.__name__
+    return module, Construction(wrapper, site.prefix, deepcopy, builder)
 
 
 def patch_site(site: Site) -> bool:
@@ -158,16 +171,16 @@ def patch_site(site: Site) -> bool:
     resolved = _resolve(site)
     if resolved is None:
         return False
-    module, wrapper, deepcopy = resolved
+    module, construction = resolved
     if site.cache is None:
         current = getattr(module, "type", builtins.type)
         if getattr(current, "__wrapped__", None) is not builtins.type:
-            cache = LayoutFixingCache({}, wrapper, site.prefix, deepcopy, site.name)
-            module.type = _type_for_inline_site(wrapper, site.prefix, cache)  # type: ignore[attr-defined]
+            cache = LayoutFixingCache({}, construction, site.name)
+            module.type = _type_for_inline_site(cache)  # type: ignore[attr-defined]
         return True
     current = getattr(module, site.cache)
     if not isinstance(current, LayoutFixingCache):
-        setattr(module, site.cache, LayoutFixingCache(current, wrapper, site.prefix, deepcopy, site.name))
+        setattr(module, site.cache, LayoutFixingCache(current, construction, site.name))
     return True
 
 
@@ -199,14 +212,15 @@ def probe_still_broken() -> Optional[bool]:
     apply_to_module = getattr(init, "_apply_to_module", None)
     if apply_to_module is None or resolved is None:
         return None
-    _, wrapper, deepcopy = resolved
+    construction = resolved[1]
     import torch.nn
 
     class LayoutProbe(abc.ABC, torch.nn.Module):
         pass
 
     try:
-        apply_to_module((LayoutProbe(),), {}, wrapper, "FSDP", deepcopy)
+        apply_to_module((LayoutProbe(),), {}, construction.wrapper, construction.prefix,
+                        construction.deepcopy)
     except TypeError as error:
         return True if "__class__ assignment" in str(error) else None
     return False

@@ -76,10 +76,29 @@ def describe_class(cls: type) -> dict[str, Any]:
     }
 
 
+def fsdp2() -> Any:
+    """torch's FSDP2 package, imported the way users of the installed torch import it.
+
+    torch 2.6+ exports ``fully_shard`` from ``torch.distributed.fsdp``. torch 2.4 and 2.5 have it
+    only in ``torch.distributed._composable.fsdp``, and there ``torch.distributed.fsdp`` is FSDP1.
+    """
+    import importlib
+
+    import torch
+
+    from fsdp_autopatch._matrix import release
+
+    if release(torch.__version__) >= (2, 6):
+        return importlib.import_module("torch.distributed.fsdp")
+    return importlib.import_module("torch.distributed._composable.fsdp")
+
+
 def shard_and_train(kind: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
     """Shard each decoder layer and the root, then train next to an unsharded copy."""
     import torch
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    fsdp = fsdp2()
+    FSDPModule, fully_shard = fsdp.FSDPModule, fsdp.fully_shard
 
     started = time.perf_counter()
     model = build_model(kind)
@@ -93,15 +112,6 @@ def shard_and_train(kind: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
     except TypeError as error:
         result.update(sharded=False, error=str(error), seconds=time.perf_counter() - started)
         return result
-    losses: dict[Any, list[float]] = {model: [], reference: []}
-    optimizers = {net: torch.optim.SGD(net.parameters(), lr=0.1) for net in losses}
-    for step in range(steps):
-        for net, optimizer in optimizers.items():
-            loss = net(**make_batch(kind, step)).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses[net].append(loss.item())
     result.update(
         sharded=True,
         wrapper=describe_class(type(model)),
@@ -110,6 +120,25 @@ def shard_and_train(kind: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
         upstream_bases=type(model).__bases__ == (FSDPModule, original),
         original_at_mro_2=type(model).__mro__[2] is original,
         layer_wrapper=type(model.base_model.layers[0]).__name__,
+    )
+    losses: dict[Any, list[float]] = {model: [], reference: []}
+    optimizers = {net: torch.optim.SGD(net.parameters(), lr=0.1) for net in losses}
+    try:
+        for step in range(steps):
+            for net, optimizer in optimizers.items():
+                loss = net(**make_batch(kind, step)).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                losses[net].append(loss.item())
+    except RuntimeError as error:
+        # torch 2.4's FSDP2 creates CUDA streams on first forward, whatever the mesh's device, so
+        # without a GPU it cannot train any model; the class it built is still worth reporting.
+        result.update(trained=False, train_error=str(error).splitlines()[0],
+                      seconds=time.perf_counter() - started)
+        return result
+    result.update(
+        trained=True,
         losses=losses[model],
         reference_losses=losses[reference],
         max_loss_difference=max(abs(a - b) for a, b in zip(losses[model], losses[reference])),
@@ -139,19 +168,62 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def missing_prerequisite() -> str | None:
+    """Why this interpreter cannot run the proof, in one line, or None when it can.
+
+    Imports torch's FSDP2 and then transformers, in that order: with transformers, FSDP2 is
+    what the patch waits for.
+    """
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as error:
+        return f"torch cannot be imported ({one_line(error)}); install torch 2.4 or newer"
+    if not dist.is_available():
+        return (f"torch {torch.__version__} was built without torch.distributed; install a build "
+                "that has it (the PyPI wheels do)")
+    if not dist.is_gloo_available():
+        return (f"torch {torch.__version__} has no gloo backend, which this CPU check needs; install "
+                "a build that has it (the PyPI wheels do)")
+    try:
+        fsdp2()
+    except ImportError as error:
+        return (f"torch {torch.__version__} has no FSDP2 fully_shard ({one_line(error)}); it came in "
+                "torch 2.4, and older torch has nothing to patch")
+    try:
+        from transformers import Qwen2Config  # noqa: F401  (the tiny models are Qwen2)
+    except Exception as error:
+        return (f"transformers with Qwen2 models cannot be imported ({one_line(error)}); "
+                "install transformers 4.37 or newer")
+    return None
+
+
+def one_line(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}".strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def main(argv: list[str]) -> int:
+    """Exit 0 after the proof ran (whatever it found), 2 when it cannot run here."""
     kinds = argv or list(MODELS)
     unknown = [kind for kind in kinds if kind not in MODELS]
     if unknown:
         print(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}", file=sys.stderr)
         return 2
+    problem = missing_prerequisite()
+    if problem is not None:
+        print(f"cannot verify: {problem}", file=sys.stderr)
+        return 2
     import torch.distributed as dist
-    import torch.distributed.fsdp  # noqa: F401  (with transformers: what the patch waits for)
-    import transformers  # noqa: F401
 
     import fsdp_autopatch
 
-    mesh = init_process_group()
+    try:
+        mesh = init_process_group()
+    except Exception as error:
+        print(f"cannot verify: the gloo process group did not form ({one_line(error)}); check that "
+              "MASTER_ADDR and MASTER_PORT are reachable from every rank", file=sys.stderr)
+        return 2
     rank = dist.get_rank()
     try:
         if rank == 0:

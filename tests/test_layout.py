@@ -100,7 +100,7 @@ def upstream(wrapper: type, cls: type) -> type:
 
 def build(wrapper: type, cls: type) -> type | None:
     return _layout.build_wrapper_class(
-        _layout.WrapperMirrors(), wrapper, cls, f"FSDP{cls.__name__}", {"__deepcopy__": None}
+        _layout.WrapperMirrors(), wrapper, cls, f"FSDP{cls.__name__}", {"__deepcopy__": None}, __name__
     )
 
 
@@ -128,6 +128,7 @@ def test_built_class_is_accepted_and_behaves_like_upstream(wrapper: type, cls: t
     assert not cpython_accepts(cls, upstream(wrapper, cls)), "the bug must be there without the fix"
     assert cpython_accepts(cls, built)
     assert built.__name__ == f"FSDP{cls.__name__}"
+    assert built.__module__ == upstream(wrapper, cls).__module__
     assert issubclass(built, wrapper) and issubclass(built, cls)
     assert type(built) is type(upstream(wrapper, cls))
     # torch finds the original class by index: 2 for FSDPModule, 3 for ReplicateModule.
@@ -146,8 +147,8 @@ def test_built_class_is_accepted_and_behaves_like_upstream(wrapper: type, cls: t
 
 def test_mirrors_are_shared_per_layout_parent() -> None:
     mirrors = _layout.WrapperMirrors()
-    first = _layout.build_wrapper_class(mirrors, Wrapper, NEEDS_VARIANT["abc_first"], "A", {})
-    second = _layout.build_wrapper_class(mirrors, Wrapper, NEEDS_VARIANT["abc_mixin"], "B", {})
+    first = _layout.build_wrapper_class(mirrors, Wrapper, NEEDS_VARIANT["abc_first"], "A", {}, __name__)
+    second = _layout.build_wrapper_class(mirrors, Wrapper, NEEDS_VARIANT["abc_mixin"], "B", {}, __name__)
     assert first is not None and second is not None
     assert first.__bases__[0] is second.__bases__[0]
     assert mirrors.get(Wrapper, abc.ABC) is first.__bases__[0]

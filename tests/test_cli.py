@@ -1,0 +1,375 @@
+"""The command line, run as users run it: ``fsdp-autopatch`` and ``python -m fsdp_autopatch`` in fresh
+interpreters of the installed package, one test per exit code and per JSON contract.
+
+Tests that need torch and transformers installed are marked slow, as in the rest of the suite, even
+those that only read their metadata. Environments without torch are real virtual environments
+holding a copy of the installed package; the one "without torch.distributed" holds a minimal torch
+that reports exactly that.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import uuid
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from conftest import environment, json_lines, site_packages
+
+from fsdp_autopatch import _config
+
+SCRIPT = Path(sysconfig.get_path("scripts")) / ("fsdp-autopatch.exe" if os.name == "nt" else "fsdp-autopatch")
+DOCTOR_KEYS = {"version", "python", "torch", "transformers", "mode", "in_matrix", "would_apply", "reason",
+               "pth_installed", "start_installed"}
+VERIFY_KEYS = {"exit_code", "ok", "verdict", "version", "python", "torch", "transformers", "nproc", "status",
+               "models", "timed_out", "seconds"}
+HEADS = ("token-classification", "sequence-classification", "question-answering")
+
+
+def run_cli(
+    *args: str,
+    env: Optional[dict[str, str]] = None,
+    command: Optional[list[str]] = None,
+    timeout: float = 600,
+    **popen: object,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m fsdp_autopatch *args`` (or ``command *args``), run away from the checkout."""
+    return subprocess.run(
+        [*(command or [sys.executable, "-m", "fsdp_autopatch"]), *args],
+        capture_output=True, text=True, env=environment() if env is None else env,
+        cwd=site_packages().parent, timeout=timeout, check=False, **popen,  # type: ignore[arg-type]
+    )
+
+
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
+
+
+def one_object(output: str) -> dict[str, object]:
+    (document,) = json_lines(output)
+    return document
+
+
+def imported_packages(importtime_log: str) -> set[str]:
+    """Top-level packages named in ``python -X importtime`` output."""
+    return {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in importtime_log.splitlines()
+            if line.startswith("import time:") and "|" in line}
+
+
+def python_in(venv: Path) -> str:
+    return str(venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
+
+
+def make_venv(where: Path, installed: Path) -> Path:
+    """A virtual environment holding only a copy of the installed package and its start-up files."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    target = Path(subprocess.run(
+        [python_in(where), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True).stdout.strip())
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(installed / "fsdp_autopatch", target / "fsdp_autopatch", ignore=ignore)
+    (dist_info,) = installed.glob("fsdp_autopatch-*.dist-info")
+    shutil.copytree(dist_info, target / dist_info.name, ignore=ignore)
+    for name in ("fsdp_autopatch.pth", "fsdp_autopatch.start"):
+        shutil.copy2(installed / name, target / name)
+    return target
+
+
+def add_distribution(site: Path, name: str, version: str, files: dict[str, str]) -> None:
+    for relative, text in files.items():
+        path = site / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    dist_info = site / f"{name}-{version}.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+@pytest.fixture(scope="module")
+def without_torch(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The python of an environment with fsdp-autopatch and neither torch, transformers nor wrapt."""
+    venv = tmp_path_factory.mktemp("without-torch")
+    make_venv(venv, installed)
+    return python_in(venv)
+
+
+@pytest.fixture(scope="module")
+def without_distributed(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The python of an environment whose torch 2.13.0 was built without torch.distributed (as
+    ``USE_DISTRIBUTED=0`` builds are), with transformers 4.55.2 and no wrapt."""
+    venv = tmp_path_factory.mktemp("without-distributed")
+    site = make_venv(venv, installed)
+    add_distribution(site, "torch", "2.13.0", {
+        "torch/__init__.py": '__version__ = "2.13.0"\n',
+        "torch/distributed/__init__.py": "def is_available() -> bool:\n    return False\n",
+    })
+    add_distribution(site, "transformers", "4.55.2", {"transformers/__init__.py": '__version__ = "4.55.2"\n'})
+    return python_in(venv)
+
+
+# --------------------------------------------------------------------------------------------- entry points
+
+
+@pytest.mark.parametrize("entry", ["script", "module"])
+def test_help_and_version_on_both_entry_points(installed: Path, entry: str) -> None:
+    command = [str(SCRIPT)] if entry == "script" else [sys.executable, "-m", "fsdp_autopatch"]
+    if entry == "script" and not SCRIPT.is_file():
+        pytest.fail(f"the console script is not installed at {SCRIPT}")
+    shown = run_cli("--help", command=command)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("usage: fsdp-autopatch ")
+    for text in ("doctor", "verify", "--quiet", "--version", "exit codes:", "fsdp-autopatch verify"):
+        assert text in shown.stdout
+    for sub in ("doctor", "verify"):
+        sub_help = run_cli(sub, "--help", command=command)
+        assert sub_help.returncode == 0 and "--json" in sub_help.stdout, sub_help.stderr
+    version = run_cli("--version", command=command)
+    expected = f"fsdp-autopatch {metadata.version('fsdp-autopatch')}\n"
+    assert (version.returncode, version.stdout) == (0, expected)
+
+
+@pytest.mark.parametrize("args", [(), ("verify", "--nproc", "0"), ("doctor", "--no-such-option")])
+def test_usage_errors_exit_2_with_one_line_saying_what_to_do(installed: Path, args: tuple[str, ...]) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2 and result.stdout == ""
+    # argparse's "fsdp-autopatch verify: error: ..." or our own "fsdp-autopatch: choose ..."
+    assert last_line(result.stderr).startswith("fsdp-autopatch") and ": " in last_line(result.stderr)
+    if not args:
+        assert "choose a command: doctor" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------- doctor
+
+
+@pytest.mark.slow
+def test_doctor_json_reports_the_environment_without_importing_torch(
+    installed: Path, real_torch: dict[str, str]
+) -> None:
+    result = run_cli("-X", "importtime", "-m", "fsdp_autopatch", "doctor", "--json", command=[sys.executable])
+    assert result.returncode == 0, result.stderr
+    loaded = imported_packages(result.stderr)
+    assert "fsdp_autopatch" in loaded and "wrapt" in loaded
+    assert not loaded & {"torch", "transformers"}
+    report = one_object(result.stdout)
+    assert DOCTOR_KEYS <= set(report)
+    assert report["version"] == metadata.version("fsdp-autopatch")
+    assert report["python"] == platform.python_version()
+    assert (report["torch"], report["transformers"]) == (real_torch["torch"], real_torch["transformers"])
+    assert (report["mode"], report["in_matrix"], report["would_apply"]) == ("auto", True, True)
+    assert report["pth_installed"] == str(installed / "fsdp_autopatch.pth")
+    assert report["start_installed"] == str(installed / "fsdp_autopatch.start")
+    assert report["startup_read"] is True and report["armed_here"] is True
+    assert report["problems"] == [] and str(report["verdict"]).startswith("OK: ")
+
+
+def test_doctor_text_names_each_check_and_ends_with_the_verdict(installed: Path) -> None:
+    result = run_cli("doctor")
+    assert result.returncode == 0, result.stderr
+    for label in ("package", "python", "torch", "transformers", "wrapt", "mode", "matrix", ".pth", ".start",
+                  "start-up", "would apply"):
+        assert f"\n  {label} " in result.stdout
+    assert last_line(result.stdout).startswith("OK: ") and "\x1b[" not in result.stdout
+    quiet = run_cli("--quiet", "doctor")
+    assert quiet.stdout == last_line(result.stdout) + "\n"
+    assert run_cli("doctor", "-q").stdout == quiet.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_doctor_colours_only_a_terminal(installed: Path) -> None:
+    def on_terminal(**env: Optional[str]) -> str:
+        leader, follower = os.openpty()
+        try:
+            process = subprocess.Popen([sys.executable, "-m", "fsdp_autopatch", "doctor"], stdout=follower,
+                                       stderr=subprocess.DEVNULL, env=environment(TERM="xterm", **env))
+        finally:
+            os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed with the child
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(leader)
+        assert process.wait(timeout=60) == 0
+        return b"".join(chunks).decode()
+
+    assert "\x1b[32mOK: " in on_terminal(NO_COLOR=None)
+    assert "\x1b[" not in on_terminal(NO_COLOR="1")
+
+
+@pytest.mark.slow
+def test_doctor_strict_exits_1_only_when_the_bug_would_stay(
+    installed: Path, real_torch: dict[str, str]
+) -> None:
+    assert run_cli("doctor", "--strict").returncode == 0
+    disabled = environment(FSDP_AUTOPATCH="0")
+    assert run_cli("doctor", env=disabled).returncode == 0, "without --strict doctor only reports"
+    strict = run_cli("doctor", "--strict", env=disabled)
+    assert strict.returncode == 1
+    assert last_line(strict.stdout) == (
+        f"PROBLEM: torch {real_torch['torch']} with transformers {real_torch['transformers']} has the FSDP2 "
+        "layout bug and it will NOT be fixed: FSDP_AUTOPATCH=0 disables the patch; unset FSDP_AUTOPATCH "
+        "(or set it to auto)")
+    report = one_object(run_cli("doctor", "--json", env=disabled).stdout)
+    assert (report["mode"], report["in_matrix"], report["would_apply"]) == ("off", True, False)
+
+
+def test_doctor_warns_about_a_bad_switch_value_and_runs_in_auto_mode(installed: Path) -> None:
+    result = run_cli("doctor", "--json", env=environment(FSDP_AUTOPATCH="sometimes"))
+    assert result.returncode == 0
+    assert result.stderr == _config.parse_mode("sometimes").problem + "\n"
+    report = one_object(result.stdout)
+    assert (report["mode"], report["mode_value"], report["problems"]) == ("auto", "sometimes", [])
+
+
+@pytest.mark.slow
+def test_doctor_strict_exits_1_when_site_processing_skips_the_pth(
+    installed: Path, real_torch: dict[str, str]
+) -> None:
+    # -S: no site processing; the package is still importable from PYTHONPATH, as in embedded setups.
+    result = run_cli("-S", "-m", "fsdp_autopatch", "doctor", "--json", "--strict", command=[sys.executable],
+                     env=environment(PYTHONPATH=str(installed)))
+    assert result.returncode == 1, result.stderr
+    report = one_object(result.stdout)
+    assert (report["startup_read"], report["armed_here"], report["would_apply"]) == (False, False, False)
+    assert report["pth_installed"] == str(installed / "fsdp_autopatch.pth")
+    assert "-S" in str(report["verdict"]) and "fsdp_autopatch.apply()" in str(report["verdict"])
+
+
+def test_doctor_in_an_environment_without_torch(without_torch: str) -> None:
+    result = run_cli("doctor", "--json", "--strict", command=[without_torch, "-m", "fsdp_autopatch"])
+    assert result.returncode == 0, result.stderr
+    report = one_object(result.stdout)
+    assert DOCTOR_KEYS <= set(report)
+    assert (report["torch"], report["transformers"], report["wrapt"]) == (None, None, None)
+    assert report["in_matrix"] is None and report["would_apply"] is False
+    assert str(report["verdict"]).startswith("OK: nothing to fix: torch is not installed")
+
+
+def test_doctor_strict_exits_1_when_wrapt_is_missing(without_distributed: str) -> None:
+    result = run_cli("doctor", "--strict", command=[without_distributed, "-m", "fsdp_autopatch"])
+    assert result.returncode == 1, result.stderr
+    assert "wrapt cannot be imported" in last_line(result.stdout)
+    assert "pip install wrapt" in last_line(result.stdout)
+
+
+# --------------------------------------------------------------------------------------------- verify
+
+
+def test_verify_exits_2_when_torch_is_not_installed(without_torch: str) -> None:
+    command = [without_torch, "-m", "fsdp_autopatch"]
+    result = run_cli("verify", command=command)
+    assert result.returncode == 2
+    assert result.stdout == (f"cannot verify: torch and transformers are not installed for {without_torch}; "
+                             "install torch and transformers into this environment\n")
+    document = one_object(run_cli("verify", "--json", command=command).stdout)
+    assert VERIFY_KEYS <= set(document)
+    assert (document["exit_code"], document["ok"], document["models"]) == (2, False, [])
+
+
+def test_verify_exits_2_when_torch_has_no_distributed(without_distributed: str) -> None:
+    result = run_cli("verify", command=[without_distributed, "-m", "fsdp_autopatch"], timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert last_line(result.stdout) == (
+        "cannot verify: torch 2.13.0 was built without torch.distributed; install a build that has it "
+        "(the PyPI wheels do)")
+
+
+@pytest.mark.slow
+def test_verify_shards_every_model_and_shows_the_bug_without_the_patch(real_torch: dict[str, str]) -> None:
+    fixed = run_cli("verify", command=[str(SCRIPT)])
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    rows = fixed.stdout.splitlines()
+    assert rows[0].split() == ["model", "result", "seconds"]
+    assert [row.split()[:2] for row in rows[1:5]] == [[name, "sharded"] for name in (*HEADS, "causal-lm")]
+    assert rows[5].startswith("OK: 4 of 4 models sharded with FSDP2 and trained; the patch was applied")
+    assert "[4/4] causal-lm: sharded" in fixed.stderr and "patch applied: " in fixed.stderr
+
+    broken = run_cli("verify", command=[str(SCRIPT)], env=environment(FSDP_AUTOPATCH="0"))
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    rows = broken.stdout.splitlines()
+    assert [row.split()[:3] for row in rows[1:4]] == [[name, "layout", "error"] for name in HEADS]
+    assert rows[4].split()[:2] == ["causal-lm", "sharded"]
+    assert rows[5].startswith("FAIL: 3 of 4 models cannot be used with FSDP2 (__class__ assignment: ")
+    assert rows[5].endswith("the patch was not applied: disabled by FSDP_AUTOPATCH=0; unset FSDP_AUTOPATCH "
+                            "to let the patch run")
+
+
+@pytest.mark.slow
+def test_verify_json_on_two_ranks_without_torch_in_the_parent(real_torch: dict[str, str]) -> None:
+    def verify(**env: Optional[str]) -> dict[str, object]:
+        result = run_cli("-X", "importtime", "-m", "fsdp_autopatch", "verify", "--nproc", "2", "--json",
+                         "--model", "token-classification", "--model", "causal-lm",
+                         command=[sys.executable], env=environment(**env))
+        # -X importtime is not passed on to the ranks, so stderr shows the parent's imports only.
+        assert not imported_packages(result.stderr) & {"torch", "transformers"}
+        document = one_object(result.stdout)
+        assert document["exit_code"] == result.returncode
+        assert VERIFY_KEYS <= set(document) and document["nproc"] == 2 and document["timed_out"] is False
+        return document
+
+    fixed = verify()
+    assert fixed["exit_code"] == 0, fixed["verdict"]
+    assert fixed["status"]["applied"] is True  # type: ignore[index]
+    assert [(m["model"], m["result"], m["max_loss_difference"]) for m in fixed["models"]] == [  # type: ignore[attr-defined, index]
+        ("token-classification", "sharded", 0.0), ("causal-lm", "sharded", 0.0)]
+
+    broken = verify(FSDP_AUTOPATCH="0")
+    assert broken["exit_code"] == 1 and broken["ok"] is False
+    assert broken["status"]["mode"] == "off"  # type: ignore[index]
+    assert [(m["model"], m["sharded"]) for m in broken["models"]] == [  # type: ignore[attr-defined, index]
+        ("token-classification", False), ("causal-lm", True)]
+    assert "layout differs" in broken["models"][0]["error"]  # type: ignore[index]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds leftover ranks through /proc")
+def test_verify_timeout_exits_2_and_stops_every_rank(real_torch: dict[str, str]) -> None:
+    marker = f"CLI_TEST_RUN={uuid.uuid4()}".encode()
+    key, value = marker.decode().split("=")
+    # One second is not enough to import torch, so this stops ranks that are busy.
+    result = run_cli("verify", "--nproc", "2", "--timeout", "1", env=environment(**{key: value}))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert last_line(result.stdout) == ("cannot verify: not finished within 1 s (0 of 4 models done); rerun "
+                                        "with a larger --timeout on a less loaded machine")
+    leftovers = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
+                leftovers.append(entry.name)
+        except OSError:  # gone, or not ours
+            pass
+    assert leftovers == []
+
+
+def test_a_model_that_shards_but_cannot_train_fails_unless_none_could() -> None:
+    from fsdp_autopatch import _cli
+
+    def run_with(*results: dict[str, object]) -> tuple[int, str]:
+        run = _cli.VerifyRun(nproc=1, models=[str(result["model"]) for result in results],
+                             status={"applied": True, "torch": "2.4.1", "transformers": "4.55.2"},
+                             results=list(results))
+        return _cli.verify_verdict(run, timeout=60)
+
+    untrained = {"sharded": True, "trained": False, "train_error": "RuntimeError: no CUDA GPUs"}
+    trained = {"sharded": True, "trained": True, "max_loss_difference": 0.0}
+    # torch 2.4's FSDP2 cannot train on a CPU at all: sharding is all there is to prove.
+    head, causal_lm = dict(untrained, model="token-classification"), dict(untrained, model="causal-lm")
+    code, verdict = run_with(head, causal_lm)
+    assert code == 0 and "none could train in this torch (RuntimeError: no CUDA GPUs)" in verdict
+    # torch's own class trains, the patched one does not: that is the patch's fault.
+    code, verdict = run_with(dict(untrained, model="token-classification"), dict(trained, model="causal-lm"))
+    assert code == 1 and verdict.startswith("FAIL: 1 of 2 models cannot be used with FSDP2 (RuntimeError")
+    code, verdict = run_with(dict(trained, model="causal-lm", max_loss_difference=0.5))
+    assert code == 1 and "losses differ by 0.5" in verdict

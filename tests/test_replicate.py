@@ -1,0 +1,117 @@
+"""replicate() (torch 2.13+, ``torch.distributed._composable.replicate_with_fsdp``) with the
+installed patch, on real torch and transformers, in fresh interpreters on a gloo CPU group.
+
+replicate() builds ``Replicate<Name>`` classes the way fully_shard builds ``FSDP<Name>``, with its
+own class cache and the original class at MRO index 3, so an ``abc.ABC`` head fails the same way.
+Each claim is checked patched (the default) and with FSDP_AUTOPATCH=0, which must bring torch's
+TypeError back: that is what shows this test can fail.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import environment, json_lines, run_python
+
+from fsdp_autopatch import _matrix
+
+pytestmark = pytest.mark.slow
+
+ABC_HEAD = "token-classification"  # Qwen2ForTokenClassification: GenericForTokenClassification(ABC)
+PLAIN = "causal-lm"  # Qwen2ForCausalLM: no ABC anywhere in its MRO
+LAYOUT_ERROR = "object layout differs"
+
+# One rank: replicate every decoder layer and the root, train next to an unsharded copy, and
+# print one JSON line per model after the patch's status line.
+REPLICATE_AND_TRAIN = """
+import abc, copy, json, sys
+import torch
+import torch.distributed as dist
+from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
+import transformers
+import fsdp_autopatch
+from fsdp_autopatch import _verify
+
+mesh = _verify.init_process_group()
+print(json.dumps({"status": fsdp_autopatch.status().to_dict()}), flush=True)
+for kind in sys.argv[1:]:
+    model = _verify.build_model(kind)
+    original = type(model)
+    reference = copy.deepcopy(model)
+    result = {"model": kind, "abc_in_mro": abc.ABC in original.__mro__}
+    try:
+        for layer in model.base_model.layers:
+            replicate(layer, mesh=mesh)
+        replicate(model, mesh=mesh)
+    except TypeError as error:
+        result.update(replicated=False, error=str(error))
+        print(json.dumps(result), flush=True)
+        continue
+    losses = {model: [], reference: []}
+    optimizers = {net: torch.optim.SGD(net.parameters(), lr=0.1) for net in losses}
+    for step in range(2):
+        for net, optimizer in optimizers.items():
+            loss = net(**_verify.make_batch(kind, step)).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses[net].append(loss.item())
+    wrapper = type(model)
+    result.update(
+        replicated=True,
+        wrapper=_verify.describe_class(wrapper),
+        upstream_bases=wrapper.__bases__ == (ReplicateModule, original),
+        is_replicate_module=isinstance(model, ReplicateModule),
+        original_at_mro_3=wrapper.__mro__[3] is original,
+        layer_wrapper=type(model.base_model.layers[0]).__name__,
+        max_loss_difference=max(abs(a - b) for a, b in zip(losses[model], losses[reference])),
+    )
+    print(json.dumps(result), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def replicate_and_train(**env: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The patch's status and, per model, what replicate() and a train step did."""
+    code = f"import sys; sys.argv[1:] = {[ABC_HEAD, PLAIN]!r}\n{REPLICATE_AND_TRAIN}"
+    result = run_python(code, env=environment(**env))
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = json_lines(result.stdout)
+    (status,) = [line["status"] for line in lines if "status" in line]
+    return status, {line["model"]: line for line in lines if "model" in line}
+
+
+@pytest.fixture(scope="module")
+def unpatched(real_torch: dict[str, str]) -> dict[str, dict[str, Any]]:
+    if _matrix.release(real_torch["torch"]) < (2, 13):
+        pytest.skip(f"torch {real_torch['torch']}: replicate() builds Replicate<Name> classes from 2.13 on")
+    status, results = replicate_and_train(FSDP_AUTOPATCH="0")
+    assert status["applied"] is False
+    return results
+
+
+def assert_trains_like_unreplicated(result: dict[str, Any]) -> None:
+    assert result["replicated"], result.get("error")
+    assert result["is_replicate_module"] and result["original_at_mro_3"]
+    assert result["layer_wrapper"] == "ReplicateQwen2DecoderLayer"
+    assert result["max_loss_difference"] < 1e-5
+
+
+def test_replicate_trains_abc_headed_and_plain_models(unpatched: dict[str, dict[str, Any]]) -> None:
+    status, patched = replicate_and_train()
+    assert status["applied"] is True, status
+    assert any(site.endswith("cls_to_replicate_cls") for site in status["sites"]), status["sites"]
+
+    # Without the patch, the ABC head fails exactly as fully_shard does; the plain model does not.
+    assert unpatched[ABC_HEAD]["abc_in_mro"] is True
+    assert unpatched[ABC_HEAD]["replicated"] is False
+    assert LAYOUT_ERROR in unpatched[ABC_HEAD]["error"]
+    assert_trains_like_unreplicated(unpatched[PLAIN])
+
+    assert_trains_like_unreplicated(patched[ABC_HEAD])
+    assert patched[ABC_HEAD]["upstream_bases"] is False
+    # The plain model gets torch's own class, bit for bit.
+    assert_trains_like_unreplicated(patched[PLAIN])
+    assert patched[PLAIN]["upstream_bases"] is True
+    assert patched[PLAIN]["wrapper"] == unpatched[PLAIN]["wrapper"]
