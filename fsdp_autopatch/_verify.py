@@ -147,6 +147,18 @@ def shard_and_train(kind: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
     return result
 
 
+def json_lines(output: str) -> list[dict[str, Any]]:
+    """The JSON objects ``main`` printed one per line, skipping whatever else a rank printed."""
+    objects = []
+    for line in output.splitlines():
+        if line.startswith("{"):
+            try:
+                objects.append(json.loads(line))
+            except ValueError:
+                pass
+    return objects
+
+
 def init_process_group() -> Any:
     """Join (or, alone, form) the gloo group described by torchrun's environment variables."""
     import torch.distributed as dist

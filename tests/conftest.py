@@ -8,7 +8,6 @@ Claims about start-up and about fully_shard are checked in fresh subprocesses of
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,8 +19,17 @@ from typing import Any, Optional
 
 import pytest
 
+from fsdp_autopatch._verify import json_lines
+
+__all__ = [
+    "LAYOUT_ERROR", "ROOT", "SCENARIO", "environment", "json_lines", "run_python", "run_scenario",
+    "shard_abc_head", "site_packages",
+]
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "tests" / "scenario.py"
+# torch's message when CPython refuses the class swap: the bug this package fixes.
+LAYOUT_ERROR = "object layout differs"
 # Set by the nox sessions: a missing prerequisite there is a failure, not a skip.
 REQUIRE_VARIABLE = "FSDP_AUTOPATCH_TEST_REQUIRE"
 
@@ -55,18 +63,6 @@ def run_python(
     )
 
 
-def json_lines(output: str) -> list[dict[str, Any]]:
-    """The JSON objects a child printed one per line, ignoring anything else it printed."""
-    objects = []
-    for line in output.splitlines():
-        if line.startswith("{"):
-            try:
-                objects.append(json.loads(line))
-            except ValueError:
-                pass
-    return objects
-
-
 def run_scenario(
     *args: str, env: Optional[dict[str, str]] = None, timeout: float = 600
 ) -> list[dict[str, Any]]:
@@ -78,6 +74,44 @@ def run_scenario(
     )
     assert result.returncode == 0, f"scenario {args} exited {result.returncode}:\n{result.stderr[-4000:]}"
     return json_lines(result.stdout)
+
+
+SHARD_ABC_HEAD = """
+    import abc, json
+    import torch.distributed.fsdp, transformers
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard import _fully_shard
+    import fsdp_autopatch
+    from fsdp_autopatch import _verify
+
+    before = fsdp_autopatch.status().to_dict()
+    cache = _fully_shard.cls_to_fsdp_cls
+    {calls}
+
+    class Head(abc.ABC, nn.Linear):
+        pass
+
+    mesh = _verify.init_process_group()
+    try:
+        fully_shard(Head(4, 4), mesh=mesh)
+        error = None
+    except TypeError as caught:
+        error = str(caught)
+    print(json.dumps({{"before": before, "after": fsdp_autopatch.status().to_dict(), "error": error,
+                      "transformers": transformers.__version__,
+                      "cache_kept": _fully_shard.cls_to_fsdp_cls is cache,
+                      "cache_type": type(cache).__name__}}))
+"""
+
+
+def shard_abc_head(*flags: str, calls: str = "pass", **env: Optional[str]) -> dict[str, Any]:
+    """Shard ``class Head(abc.ABC, nn.Linear)`` in a fresh interpreter after importing torch's
+    FSDP2 and transformers and running ``calls``; the status before and after, and the error."""
+    result = run_python(SHARD_ABC_HEAD.format(calls=calls), *flags, env=environment(**env))
+    assert result.returncode == 0, result.stderr[-4000:]
+    (report,) = json_lines(result.stdout)
+    return report
 
 
 def _missing(what: str) -> None:

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Cells are judged by the matrix of this checkout, the same code the wheel is built from.
 sys.path.insert(0, str(ROOT))
 from fsdp_autopatch import _config, _matrix  # noqa: E402
+from fsdp_autopatch._verify import json_lines  # noqa: E402
 
 TORCH = ("2.4.1", "2.5.1", "2.8.0", "2.13.0", "2.15.0")
 # 4.53.3: last release before the ABC heads; 4.54.0 and 4.55.2: first and last with them;
@@ -172,17 +173,6 @@ def cell_environment(**overrides: str) -> dict[str, str]:
     env.pop("PYTHONPATH", None)
     env.update(overrides)
     return env
-
-
-def json_lines(output: str) -> list[dict[str, Any]]:
-    objects = []
-    for line in output.splitlines():
-        if line.startswith("{"):
-            try:
-                objects.append(json.loads(line))
-            except ValueError:
-                pass
-    return objects
 
 
 def run_in_cell(command: list[str], env: dict[str, str], cwd: Path) -> list[dict[str, Any]]:

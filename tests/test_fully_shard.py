@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SCENARIO, environment, json_lines, run_python, run_scenario
+from conftest import LAYOUT_ERROR, SCENARIO, environment, json_lines, run_python, run_scenario, shard_abc_head
 
 pytestmark = pytest.mark.slow
 
 AFFECTED = ("token-classification", "sequence-classification", "question-answering")
-LAYOUT_ERROR = "object layout differs"
 DISABLED = environment(FSDP_AUTOPATCH="0")
 
 
@@ -209,54 +208,27 @@ def newer_transformers(request: pytest.FixtureRequest, real_torch: dict[str, str
     return target
 
 
-ABC_HEAD_WITH_STATUS = """
-    import abc, json
-    import torch.distributed.fsdp, transformers
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-    import fsdp_autopatch
-    from fsdp_autopatch import _verify
-
-    class Head(abc.ABC, nn.Linear):
-        pass
-
-    mesh = _verify.init_process_group()
-    try:
-        fully_shard(Head(4, 4), mesh=mesh)
-        error = None
-    except TypeError as caught:
-        error = str(caught)
-    print(json.dumps({"transformers": transformers.__version__, "error": error,
-                      "status": fsdp_autopatch.status().to_dict()}))
-"""
-
-
 @pytest.mark.parametrize(("mode", "applied"), [(None, False), ("force", True)])
 def test_newer_transformers_is_left_alone_unless_forced(
     newer_transformers: Path, mode: str | None, applied: bool
 ) -> None:
-    env = environment(FSDP_AUTOPATCH=mode, PYTHONPATH=str(newer_transformers))
-    result = run_python(ABC_HEAD_WITH_STATUS, env=env)
-    assert result.returncode == 0, result.stderr[-4000:]
-    (report,) = json_lines(result.stdout)
+    report = shard_abc_head(FSDP_AUTOPATCH=mode, PYTHONPATH=str(newer_transformers))
     assert report["transformers"] == NEWER_TRANSFORMERS
-    assert report["status"]["applied"] is applied, report["status"]
+    assert report["after"]["applied"] is applied, report["after"]
     if applied:
-        assert report["error"] is None and "force" in report["status"]["reason"]
+        assert report["error"] is None and "force" in report["after"]["reason"]
     else:
         # Unpatched, a user's own ABC module still hits the bug: force is the way out.
         assert LAYOUT_ERROR in report["error"]
-        assert f"transformers {NEWER_TRANSFORMERS} is not affected" in report["status"]["reason"]
+        assert f"transformers {NEWER_TRANSFORMERS} is not affected" in report["after"]["reason"]
 
 
 def test_status_reports_versions_and_site(real_torch: dict[str, str]) -> None:
-    result = run_python(ABC_HEAD_WITH_STATUS)
-    (report,) = json_lines(result.stdout)
-    status = report["status"]
+    report = shard_abc_head()
+    status = report["after"]
     assert report["error"] is None
     assert status["torch"] == real_torch["torch"] or status["torch"].startswith(real_torch["torch"])
     assert status["transformers"] == real_torch["transformers"]
     assert status["sites"] == ["torch.distributed.fsdp._fully_shard._fully_shard.cls_to_fsdp_cls"]
     assert json.loads(json.dumps(status)) == status
-    unpatched = run_python(ABC_HEAD_WITH_STATUS, env=DISABLED)
-    assert LAYOUT_ERROR in json_lines(unpatched.stdout)[0]["error"]
+    assert LAYOUT_ERROR in shard_abc_head(FSDP_AUTOPATCH="0")["error"]

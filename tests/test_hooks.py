@@ -9,46 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import environment, json_lines, run_python
+from conftest import LAYOUT_ERROR, environment, run_python, shard_abc_head
 
 pytestmark = pytest.mark.slow
-
-LAYOUT_ERROR = "object layout differs"
-
-SHARD_ABC_HEAD = """
-    import abc, json
-    import torch.distributed.fsdp, transformers
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.fsdp._fully_shard import _fully_shard
-    import fsdp_autopatch
-    from fsdp_autopatch import _verify
-
-    before = fsdp_autopatch.status().to_dict()
-    cache = _fully_shard.cls_to_fsdp_cls
-    {calls}
-
-    class Head(abc.ABC, nn.Linear):
-        pass
-
-    mesh = _verify.init_process_group()
-    try:
-        fully_shard(Head(4, 4), mesh=mesh)
-        error = None
-    except TypeError as caught:
-        error = str(caught)
-    print(json.dumps({{"before": before, "after": fsdp_autopatch.status().to_dict(), "error": error,
-                      "cache_kept": _fully_shard.cls_to_fsdp_cls is cache,
-                      "cache_type": type(cache).__name__}}))
-"""
-
-
-def shard_abc_head(*flags: str, calls: str = "pass", **env: str | None) -> dict[str, object]:
-    result = run_python(SHARD_ABC_HEAD.format(calls=calls), *flags, env=environment(**env))
-    assert result.returncode == 0, result.stderr[-4000:]
-    (report,) = json_lines(result.stdout)
-    return report
-
 
 def test_apply_patches_modules_imported_before_it(installed: Path) -> None:
     """``python -S`` reads no .pth (as embedded or PYTHONPATH installs): ``apply()`` then patches
