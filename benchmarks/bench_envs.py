@@ -1,0 +1,119 @@
+"""Throwaway virtual environments for the benchmarks, built from the checkout.
+
+The package goes in as a wheel built from the checkout (``pip wheel --no-deps``), as users get
+it: the ``.pth`` at the root of site-packages is what runs. Venvs are made ``--without-pip`` and
+filled by the running interpreter's pip (``pip --python``): pip and setuptools would put their
+own ``.pth`` files and modules into every start-up and blur the comparison.
+
+Each venv records what it was built from (``bench-recipe.json``); a kept venv (``--venvs DIR``)
+whose recipe still matches is reused and only gets the freshly built wheel reinstalled.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE_FILE = "bench-recipe.json"
+
+# torch 2.13.0 is the CPU wheel kept on local disk on this machine kind; transformers 4.55.2 is
+# the last release whose heads inherit abc.ABC, so the patch is really installed in its processes.
+TORCH_REQUIREMENTS = ("torch==2.13.0", "transformers==4.55.2")
+# The naive design: a start-up file that imports wrapt and registers its hook straight away.
+NAIVE_PTH_NAME = "naive_autopatch.pth"
+NAIVE_PTH_LINE = (
+    "import wrapt; wrapt.register_post_import_hook(lambda module: None, 'torch.distributed.fsdp')\n"
+)
+
+
+def log(message: str) -> None:
+    print(f"[benchmarks] {message}", file=sys.stderr, flush=True)
+
+
+def _run(argv: list[str]) -> str:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}:\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+
+
+def site_packages(python: str) -> Path:
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return Path(_run([python, "-c", code]).strip())
+
+
+def build_wheel(directory: Path) -> Path:
+    """The package's wheel, built fresh from the checkout (the build backend comes from pip)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("fsdp_autopatch-*.whl"):
+        old.unlink()
+    log("building the fsdp-autopatch wheel from the checkout")
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(directory),
+          str(ROOT)])
+    (wheel,) = directory.glob("fsdp_autopatch-*.whl")
+    return wheel
+
+
+def _pip_install(python: Path, *requirements: str, extra: tuple[str, ...] = ()) -> None:
+    # --no-compile: byte-compiling all of torch and transformers takes longer than installing
+    # them; the modules a benchmark imports get compiled in its warm-up runs instead.
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-compile",
+          "--disable-pip-version-check", *extra, *requirements])
+
+
+def ensure_venv(
+    venv: Path,
+    requirements: tuple[str, ...],
+    wheel: Optional[Path] = None,
+    naive_pth: bool = False,
+    base_python: str = sys.executable,
+) -> Path:
+    """A venv with ``requirements`` (and the package's ``wheel``, if given); returns its python."""
+    recipe = {
+        "base_python": str(Path(base_python).resolve()),
+        "python_version": sys.version if base_python == sys.executable else None,
+        "requirements": list(requirements),
+        "package": wheel is not None,
+        "naive_pth": naive_pth,
+    }
+    recipe_path = venv / RECIPE_FILE
+    python = venv_python(venv)
+    fresh = not (recipe_path.is_file() and python.exists()
+                 and json.loads(recipe_path.read_text()) == recipe)
+    if fresh:
+        if venv.exists():
+            shutil.rmtree(venv)
+        log(f"creating {venv} ({', '.join(requirements) or 'nothing'}"
+            f"{' + fsdp-autopatch' if wheel else ''}{' + naive .pth' if naive_pth else ''})")
+        _run([base_python, "-m", "venv", "--without-pip", str(venv)])
+        if requirements:
+            _pip_install(python, *requirements)
+    if wheel is not None:
+        # Always the wheel just built: a kept venv must measure the checkout as it is now.
+        _pip_install(python, str(wheel), extra=("--no-deps", "--force-reinstall"))
+    if naive_pth:
+        (site_packages(str(python)) / NAIVE_PTH_NAME).write_text(NAIVE_PTH_LINE)
+    recipe_path.write_text(json.dumps(recipe, indent=1))
+    return python
+
+
+def has_torch_stack(python: str) -> bool:
+    """Can ``python`` run the torch benchmarks: torch, transformers and the installed ``.pth``?"""
+    code = (
+        "import importlib.util as u, sys, sysconfig, os\n"
+        "ok = all(u.find_spec(n) for n in ('torch', 'transformers', 'wrapt', 'fsdp_autopatch'))\n"
+        "ok = ok and os.path.isfile(os.path.join(sysconfig.get_paths()['purelib'], 'fsdp_autopatch.pth'))\n"
+        "sys.exit(0 if ok else 1)\n"
+    )
+    # Run from the filesystem root: from the checkout, "-c" would find its fsdp_autopatch.
+    result = subprocess.run([python, "-c", code], capture_output=True, check=False, cwd=Path("/"))
+    return result.returncode == 0
