@@ -394,7 +394,7 @@ def model_outcome(result: dict[str, Any], untrained_ok: bool = True) -> tuple[st
     """
     if not result.get("sharded"):
         error = str(result.get("error", ""))
-        return ("layout error" if "layout differs" in error else "shard failed"), False
+        return ("layout error" if _verify.LAYOUT_ERROR in error else "shard failed"), False
     if result.get("trained") is False:
         return ("sharded only", True) if untrained_ok else ("train failed", False)
     difference = result.get("max_loss_difference")

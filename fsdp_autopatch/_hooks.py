@@ -117,12 +117,14 @@ def try_install() -> None:
         if not decision.apply:
             logger.info("not patching: %s", _status.reason)
             return
-        sites = [_patch.install_fully_shard()]
-        if _patch.patch_site(_patch.REPLICATE_SITE):
-            sites.append(_patch.REPLICATE_SITE.name)
-        else:
-            _register(_patch.REPLICATE_MODULE, _on_replicate_import)
-        _status.applied, _status.sites = True, tuple(sites)
+        _status.applied, _status.sites = True, (_patch.install_fully_shard(),)
+        try:
+            if _patch.patch_site(_patch.REPLICATE_SITE):
+                _status.sites += (_patch.REPLICATE_SITE.name,)
+            else:
+                _register(_patch.REPLICATE_MODULE, _on_replicate_import)
+        except Exception as error:  # fully_shard stays patched; only replicate() goes without
+            _replicate_failed(error)
         logger.info("patched fully_shard for ABC-based modules: %s", _status.reason)
 
 
@@ -132,8 +134,15 @@ def _on_replicate_import(module: object) -> None:
             if _status is not None and _patch.patch_site(_patch.REPLICATE_SITE):
                 _status.sites += (_patch.REPLICATE_SITE.name,)
     except Exception as error:  # fully_shard stays patched; only replicate() goes without
-        logger.warning("patching replicate() failed (%s: %s); replicate() runs unpatched",
-                       type(error).__name__, error)
+        _replicate_failed(error)
+
+
+def _replicate_failed(error: Exception) -> None:
+    message = f"replicate() runs unpatched ({type(error).__name__}: {error})"
+    with _lock:
+        if _status is not None:
+            _status.reason += f"; {message}"
+    logger.warning("%s", message)
 
 
 def _register(name: str, hook: Any) -> None:

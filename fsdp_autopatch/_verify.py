@@ -25,6 +25,8 @@ MODELS = {
     "question-answering": "AutoModelForQuestionAnswering",
     "causal-lm": "AutoModelForCausalLM",
 }
+# CPython's words when it refuses the class swap: the bug itself, as torch raises it.
+LAYOUT_ERROR = "object layout differs"
 VOCABULARY = 128
 BATCH, SEQUENCE = 2, 8
 STEPS = 2

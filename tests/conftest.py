@@ -9,27 +9,27 @@ Claims about start-up and about fully_shard are checked in fresh subprocesses of
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import textwrap
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
 import pytest
 
-from fsdp_autopatch._verify import json_lines
+from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines
 
 __all__ = [
-    "LAYOUT_ERROR", "ROOT", "SCENARIO", "environment", "json_lines", "run_python", "run_scenario",
-    "shard_abc_head", "site_packages",
+    "LAYOUT_ERROR", "ROOT", "SCENARIO", "Throwaway", "environment", "json_lines", "make_throwaway",
+    "run_python", "run_scenario", "shard_abc_head", "site_packages", "write_module",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "tests" / "scenario.py"
-# torch's message when CPython refuses the class swap: the bug this package fixes.
-LAYOUT_ERROR = "object layout differs"
 # Set by the nox sessions: a missing prerequisite there is a failure, not a skip.
 REQUIRE_VARIABLE = "FSDP_AUTOPATCH_TEST_REQUIRE"
 
@@ -112,6 +112,56 @@ def shard_abc_head(*flags: str, calls: str = "pass", **env: Optional[str]) -> di
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     return report
+
+
+# --- throwaway environments --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Throwaway:
+    """A venv without pip whose site-packages holds only what a test put there."""
+
+    root: Path
+    python: Path
+    site: Path
+
+    def run(
+        self, code: str = "pass", *flags: str, **variables: Optional[str]
+    ) -> subprocess.CompletedProcess[str]:
+        return run_python(code, *flags, env=environment(**variables), python=str(self.python))
+
+
+def make_throwaway(
+    root: Path, installed: Path, *, package: bool = True, pth: bool = True, wrapt: bool = True
+) -> Throwaway:
+    """A venv holding copies of what ``installed`` has: the package (with its dist-info), its
+    start-up files, wrapt; each can be left out to make a broken environment."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = Path(sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})["purelib"])
+    python = root / "bin" / "python"
+    assert site.is_dir() and python.exists(), f"unexpected venv layout under {root}"
+    # copytree keeps modification times, so the copied bytecode stays valid.
+    if package:
+        shutil.copytree(installed / "fsdp_autopatch", site / "fsdp_autopatch")
+        (dist_info,) = installed.glob("fsdp_autopatch-*.dist-info")
+        shutil.copytree(dist_info, site / dist_info.name)
+    if pth:
+        for name in ("fsdp_autopatch.pth", "fsdp_autopatch.start"):
+            shutil.copy2(installed / name, site / name)
+    if wrapt:
+        shutil.copytree(installed / "wrapt", site / "wrapt")
+    return Throwaway(root, python, site)
+
+
+def write_module(where: Path, dotted: str, source: str) -> None:
+    """Write ``dotted`` as a package (every part a directory with an ``__init__.py``)."""
+    folder = where.joinpath(*dotted.split("."))
+    folder.mkdir(parents=True, exist_ok=True)
+    parent = folder
+    while parent != where:
+        (parent / "__init__.py").touch()
+        parent = parent.parent
+    (folder / "__init__.py").write_text(textwrap.dedent(source))
 
 
 def _missing(what: str) -> None:

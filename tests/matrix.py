@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Cells are judged by the matrix of this checkout, the same code the wheel is built from.
 sys.path.insert(0, str(ROOT))
 from fsdp_autopatch import _config, _matrix  # noqa: E402
-from fsdp_autopatch._verify import json_lines  # noqa: E402
+from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines  # noqa: E402
 
 TORCH = ("2.4.1", "2.5.1", "2.8.0", "2.13.0", "2.15.0")
 # 4.53.3: last release before the ABC heads; 4.54.0 and 4.55.2: first and last with them;
@@ -56,7 +56,6 @@ AFFECTED_HEADS = ("token-classification", "sequence-classification", "question-a
 CAUSAL_LM = "causal-lm"
 # Sharded and unsharded copies train on the same batches from the same weights.
 LOSS_TOLERANCE = 1e-4
-LAYOUT_ERROR = "__class__ assignment"
 MARKERS = ("<!-- matrix:start -->", "<!-- matrix:end -->")
 INSTALL_TIMEOUT = 1800
 RUN_TIMEOUT = 900

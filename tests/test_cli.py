@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import environment, json_lines, site_packages
+from conftest import LAYOUT_ERROR, environment, json_lines, make_throwaway, site_packages
 
 from fsdp_autopatch import _config
 
@@ -64,25 +63,6 @@ def imported_packages(importtime_log: str) -> set[str]:
             if line.startswith("import time:") and "|" in line}
 
 
-def python_in(venv: Path) -> str:
-    return str(venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
-
-
-def make_venv(where: Path, installed: Path) -> Path:
-    """A virtual environment holding only a copy of the installed package and its start-up files."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
-    target = Path(subprocess.run(
-        [python_in(where), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True).stdout.strip())
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(installed / "fsdp_autopatch", target / "fsdp_autopatch", ignore=ignore)
-    (dist_info,) = installed.glob("fsdp_autopatch-*.dist-info")
-    shutil.copytree(dist_info, target / dist_info.name, ignore=ignore)
-    for name in ("fsdp_autopatch.pth", "fsdp_autopatch.start"):
-        shutil.copy2(installed / name, target / name)
-    return target
-
-
 def add_distribution(site: Path, name: str, version: str, files: dict[str, str]) -> None:
     for relative, text in files.items():
         path = site / relative
@@ -96,23 +76,23 @@ def add_distribution(site: Path, name: str, version: str, files: dict[str, str])
 @pytest.fixture(scope="module")
 def without_torch(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The python of an environment with fsdp-autopatch and neither torch, transformers nor wrapt."""
-    venv = tmp_path_factory.mktemp("without-torch")
-    make_venv(venv, installed)
-    return python_in(venv)
+    venv = tmp_path_factory.mktemp("without-torch") / "venv"
+    return str(make_throwaway(venv, installed, wrapt=False).python)
 
 
 @pytest.fixture(scope="module")
 def without_distributed(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The python of an environment whose torch 2.13.0 was built without torch.distributed (as
     ``USE_DISTRIBUTED=0`` builds are), with transformers 4.55.2 and no wrapt."""
-    venv = tmp_path_factory.mktemp("without-distributed")
-    site = make_venv(venv, installed)
+    venv = tmp_path_factory.mktemp("without-distributed") / "venv"
+    throwaway = make_throwaway(venv, installed, wrapt=False)
+    site = throwaway.site
     add_distribution(site, "torch", "2.13.0", {
         "torch/__init__.py": '__version__ = "2.13.0"\n',
         "torch/distributed/__init__.py": "def is_available() -> bool:\n    return False\n",
     })
     add_distribution(site, "transformers", "4.55.2", {"transformers/__init__.py": '__version__ = "4.55.2"\n'})
-    return python_in(venv)
+    return str(throwaway.python)
 
 
 # --------------------------------------------------------------------------------------------- entry points
@@ -330,7 +310,7 @@ def test_verify_json_on_two_ranks_without_torch_in_the_parent(real_torch: dict[s
     assert broken["status"]["mode"] == "off"  # type: ignore[index]
     assert [(m["model"], m["sharded"]) for m in broken["models"]] == [  # type: ignore[attr-defined, index]
         ("token-classification", False), ("causal-lm", True)]
-    assert "layout differs" in broken["models"][0]["error"]  # type: ignore[index]
+    assert LAYOUT_ERROR in broken["models"][0]["error"]  # type: ignore[index]
 
 
 @pytest.mark.slow

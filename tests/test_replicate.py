@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import environment, json_lines, run_python
+from conftest import LAYOUT_ERROR, environment, json_lines, run_python
 
 from fsdp_autopatch import _matrix
 
@@ -20,7 +20,6 @@ pytestmark = pytest.mark.slow
 
 ABC_HEAD = "token-classification"  # Qwen2ForTokenClassification: GenericForTokenClassification(ABC)
 PLAIN = "causal-lm"  # Qwen2ForCausalLM: no ABC anywhere in its MRO
-LAYOUT_ERROR = "object layout differs"
 
 # One rank: replicate every decoder layer and the root, train next to an unsharded copy, and
 # print one JSON line per model after the patch's status line.

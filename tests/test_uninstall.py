@@ -1,0 +1,215 @@
+"""The package's life in an environment, through real pip: install, reinstall, upgrade, uninstall.
+
+pip itself runs in the environment under test (``pip --python``), so it also shows that pip keeps
+working with the start-up line in place. Each step is checked in a new interpreter: exactly one
+start-up line of ours, run once; and after ``pip uninstall``, nothing of ours left at all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, environment, json_lines, run_python
+
+# Builds wheels and runs pip: seconds each, so with the slow tests.
+pytestmark = pytest.mark.slow
+
+PIP_TIMEOUT = 600
+# What the wheel is built from (pyproject.toml's wheel target, force-include and readme).
+SOURCES = ("fsdp_autopatch", "fsdp_autopatch.pth", "fsdp_autopatch.start", "pyproject.toml", "README.md")
+
+
+@dataclass(frozen=True)
+class Wheels:
+    current: Path
+    upgrade: Path
+    version: str
+    upgraded_version: str
+
+
+def build_wheel(source: Path, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(into),
+                    str(source)], check=True, timeout=PIP_TIMEOUT, env=environment())
+    (wheel,) = into.glob("fsdp_autopatch-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Wheels:
+    """This checkout's wheel, and the same code as a later version for the upgrade."""
+    work = tmp_path_factory.mktemp("wheels")
+    current = build_wheel(ROOT, work / "current")
+    copy = work / "source"
+    copy.mkdir()
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif path.exists():
+            shutil.copy2(path, copy / name)
+    init = copy / "fsdp_autopatch" / "__init__.py"
+    text = init.read_text()
+    match = re.search(r'^__version__ = "([^"]+)"$', text, flags=re.MULTILINE)
+    assert match, "the version is read from fsdp_autopatch/__init__.py"
+    version = match.group(1)
+    upgraded = f"{version}.post1"
+    init.write_text(text.replace(match.group(0), f'__version__ = "{upgraded}"'))
+    return Wheels(current, build_wheel(copy, work / "upgrade"), version, upgraded)
+
+
+@dataclass(frozen=True)
+class Environment:
+    python: Path
+    site: Path
+    scripts: Path
+
+    @property
+    def root(self) -> Path:
+        return self.python.parent.parent
+
+    def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """pip run by this environment's own interpreter, which reads the start-up line."""
+        # Installs are of local wheels only: no index, and no dependency is needed to start up.
+        offline = ("--no-index", "--no-deps") if args[0] == "install" else ()
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(self.python), *args, *offline],
+            capture_output=True, text=True, env=environment(), timeout=PIP_TIMEOUT, check=False,
+        )
+        assert result.returncode == 0, result.stderr[-4000:]
+        # site.py reports a failing .pth line as "Error processing line N of ...".
+        assert "Traceback" not in result.stderr and "Error processing" not in result.stderr, result.stderr
+        return result
+
+    def tree(self) -> list[str]:
+        return sorted(str(path.relative_to(self.root)) for path in self.root.rglob("*"))
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Environment:
+    root = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    paths = sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})
+    return Environment(root / "bin" / "python", Path(paths["purelib"]), Path(paths["scripts"]))
+
+
+def ours(site: Path) -> list[str]:
+    return sorted(path.name for path in site.iterdir() if path.name.lower().startswith("fsdp_autopatch"))
+
+
+def start_up_lines(site: Path) -> list[str]:
+    """Every line of every .pth in site-packages that would import this package."""
+    return [f"{pth.name}: {line}" for pth in sorted(site.glob("*.pth"))
+            for line in pth.read_text().splitlines() if "fsdp_autopatch" in line]
+
+
+# Counts how often site.py runs our start-up line, and how often it reads site-packages at all:
+# CPython 3.11 reads a venv's site-packages twice, running every .pth line twice, and the
+# package's arm() makes the repeat a no-op. One line of ours runs once per reading, never more.
+COUNTER_MODULE = """
+import sys
+
+ours = 0
+passes = 0
+
+
+def _record(event, args):
+    global ours
+    source = args[0] if event == "compile" else None
+    if isinstance(source, str):
+        source = source.encode()
+    # The .pth line itself (the bootstrap it execs is compiled separately and not counted).
+    if isinstance(source, bytes) and source.startswith(b"import") and b"fsdp_autopatch" in source:
+        ours += 1
+
+
+sys.addaudithook(_record)
+"""
+REPORT = """
+import json, sys, _startup_counter
+import fsdp_autopatch
+print(json.dumps({
+    "version": fsdp_autopatch.__version__,
+    "runs": _startup_counter.ours,
+    "passes": _startup_counter.passes,
+    "watchers": sum(type(f).__name__ == "FirstImportWatcher" for f in sys.meta_path),
+    "file": fsdp_autopatch.__file__,
+}))
+"""
+PROBES = {
+    # Sorted before fsdp_autopatch.pth, so the counter is in place when our line runs.
+    "00_startup_counter.pth": "import _startup_counter\n",
+    "01_startup_counter.pth": "import _startup_counter; _startup_counter.passes += 1\n",
+}
+
+
+def started(env: Environment) -> dict[str, object]:
+    """What a new interpreter of ``env`` shows about the start-up code."""
+    (env.site / "_startup_counter.py").write_text(COUNTER_MODULE)
+    for name, line in PROBES.items():
+        (env.site / name).write_text(line)
+    try:
+        result = run_python(REPORT, env=environment(), python=str(env.python))
+    finally:
+        for name in ("_startup_counter.py", *PROBES):
+            (env.site / name).unlink()
+    assert (result.returncode, result.stderr) == (0, "")
+    (report,) = json_lines(result.stdout)
+    return report
+
+
+def assert_installed_once(env: Environment, version: str) -> None:
+    assert ours(env.site) == ["fsdp_autopatch", f"fsdp_autopatch-{version}.dist-info",
+                              "fsdp_autopatch.pth", "fsdp_autopatch.start"]
+    assert len(start_up_lines(env.site)) == 1, start_up_lines(env.site)
+    report = started(env)
+    assert report["version"] == version
+    assert report["passes"] >= 1 and report["runs"] == report["passes"], report
+    assert report["watchers"] == 1, report
+    assert str(report["file"]).startswith(str(env.site))
+
+
+def test_reinstall_and_upgrade_keep_one_start_up_line(target: Environment, wheels: Wheels) -> None:
+    target.pip("install", str(wheels.current))
+    assert_installed_once(target, wheels.version)
+    target.pip("install", "--force-reinstall", str(wheels.current))
+    assert_installed_once(target, wheels.version)
+    target.pip("install", "--upgrade", str(wheels.upgrade))
+    assert_installed_once(target, wheels.upgraded_version)
+    # And back down, as a pinned requirement would do.
+    target.pip("install", str(wheels.current))
+    assert_installed_once(target, wheels.version)
+
+
+def test_uninstall_leaves_nothing(target: Environment, wheels: Wheels) -> None:
+    # Stands for the rest of an environment: pip removes a directory it leaves empty.
+    (target.site / "other_package.py").write_text("")
+    before = target.tree()
+    target.pip("install", str(wheels.current))
+    # Load every module once, so the interpreter has had its chance to leave bytecode behind.
+    loaded = run_python(
+        "import fsdp_autopatch, fsdp_autopatch._api, fsdp_autopatch._hooks, fsdp_autopatch._verify",
+        env=environment(PYTHONDONTWRITEBYTECODE=None), python=str(target.python))
+    assert loaded.returncode == 0, loaded.stderr
+    target.pip("uninstall", "--yes", "fsdp-autopatch")
+    after = target.tree()
+    assert ours(target.site) == []
+    assert [path for path in after if "fsdp" in path.lower()] == []
+    assert after == before
+    # A new interpreter imports nothing of ours, and says nothing.
+    result = run_python(
+        "import importlib.util, json, sys\n"
+        "print(json.dumps({'modules': [m for m in sys.modules if 'fsdp' in m],"
+        " 'finders': [repr(f) for f in sys.meta_path if 'fsdp' in repr(f)],"
+        " 'findable': importlib.util.find_spec('fsdp_autopatch') is not None}))",
+        env=environment(), python=str(target.python))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert json.loads(result.stdout) == {"modules": [], "finders": [], "findable": False}
