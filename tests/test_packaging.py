@@ -23,8 +23,8 @@ def test_only_wrapt_is_required(installed: Path) -> None:
 def test_start_up_files_sit_at_the_root_of_site_packages(installed: Path) -> None:
     files = {str(path) for path in metadata.files(DISTRIBUTION) or []}
     assert {"fsdp_autopatch.pth", "fsdp_autopatch.start", "fsdp_autopatch/__init__.py"} <= files
-    scripts = {ep.name: ep.value for ep in metadata.entry_points(group="console_scripts")
-               if ep.dist is not None and ep.dist.name == DISTRIBUTION}
+    entry_points = metadata.distribution(DISTRIBUTION).entry_points
+    scripts = {ep.name: ep.value for ep in entry_points if ep.group == "console_scripts"}
     assert scripts == {"fsdp-autopatch": "fsdp_autopatch._cli:main"}
 
 
