@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import shutil
 import statistics
@@ -360,7 +361,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="few repetitions: only proves that every benchmark still runs")
-    parser.add_argument("--python", help="interpreter with torch, transformers and fsdp-autopatch installed "
+    # abspath, not resolve(): a venv's python is a symlink to an interpreter outside the venv,
+    # and the benchmarks run their children from a directory outside the checkout.
+    parser.add_argument("--python", type=os.path.abspath,
+                        help="interpreter with torch, transformers and fsdp-autopatch installed "
                         "(default: this one if it has them, else a venv built with torch 2.13.0 and "
                         "transformers 4.55.2)")
     parser.add_argument("--venvs", type=Path, help="keep the benchmark venvs in this directory and reuse "
