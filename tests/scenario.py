@@ -18,22 +18,23 @@ import threading
 FSDP, TRANSFORMERS = "torch.distributed.fsdp", "transformers"
 
 
-def import_in_threads(count: int = 16) -> None:
-    """``count`` threads, released together, each importing both packages in a random order."""
+def import_in_threads(seed: int = 0, count: int = 16) -> None:
+    """``count`` threads, released together, each importing both packages in an order drawn
+    from ``seed``; exits the process when an import fails or a thread hangs."""
     barrier = threading.Barrier(count)
     errors: list[BaseException] = []
 
-    def worker(seed: int) -> None:
+    def worker(index: int) -> None:
         names = [FSDP, TRANSFORMERS]
-        random.Random(seed).shuffle(names)
-        barrier.wait()
+        random.Random(seed * 1000 + index).shuffle(names)
+        barrier.wait()  # released together, so the first imports really do race
         try:
             for name in names:
                 importlib.import_module(name)
         except BaseException as error:  # reported below, in the main thread
             errors.append(error)
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(count)]
+    threads = [threading.Thread(target=worker, args=(index,), daemon=True) for index in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
