@@ -18,11 +18,13 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parent.parent
+# tests/harness.py, put on sys.path by run.py: one venv maker for the tests and benchmarks.
+from harness import make_venv, run_logged, venv_layout
+
 RECIPE_FILE = "bench-recipe.json"
 
-# torch 2.13.0 is the CPU wheel kept on local disk on this machine kind; transformers 4.55.2 is
-# the last release whose heads inherit abc.ABC, so the patch is really installed in its processes.
+# transformers 4.55.2 is the last release whose heads inherit abc.ABC, so the patch is really
+# installed in its processes; torch 2.13.0 is the torch the tests run on.
 TORCH_REQUIREMENTS = ("torch==2.13.0", "transformers==4.55.2")
 # The naive design: a start-up file that imports wrapt and registers its hook straight away.
 NAIVE_PTH_NAME = "naive_autopatch.pth"
@@ -35,39 +37,11 @@ def log(message: str) -> None:
     print(f"[benchmarks] {message}", file=sys.stderr, flush=True)
 
 
-def _run(argv: list[str]) -> str:
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}:\n{result.stderr[-3000:]}")
-    return result.stdout
-
-
-def venv_python(venv: Path) -> Path:
-    return venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
-
-
-def site_packages(python: str) -> Path:
-    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    return Path(_run([python, "-c", code]).strip())
-
-
-def build_wheel(directory: Path) -> Path:
-    """The package's wheel, built fresh from the checkout (the build backend comes from pip)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for old in directory.glob("fsdp_autopatch-*.whl"):
-        old.unlink()
-    log("building the fsdp-autopatch wheel from the checkout")
-    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(directory),
-          str(ROOT)])
-    (wheel,) = directory.glob("fsdp_autopatch-*.whl")
-    return wheel
-
-
 def _pip_install(python: Path, *requirements: str, extra: tuple[str, ...] = ()) -> None:
     # --no-compile: byte-compiling all of torch and transformers takes longer than installing
     # them; the modules a benchmark imports get compiled in its warm-up runs instead.
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-compile",
-          "--disable-pip-version-check", *extra, *requirements])
+    run_logged([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-compile",
+                "--disable-pip-version-check", *extra, *requirements], None, timeout=3600)
 
 
 def ensure_venv(
@@ -86,7 +60,7 @@ def ensure_venv(
         "naive_pth": naive_pth,
     }
     recipe_path = venv / RECIPE_FILE
-    python = venv_python(venv)
+    python = venv_layout(venv).python
     fresh = not (recipe_path.is_file() and python.exists()
                  and json.loads(recipe_path.read_text()) == recipe)
     if fresh:
@@ -94,14 +68,14 @@ def ensure_venv(
             shutil.rmtree(venv)
         log(f"creating {venv} ({', '.join(requirements) or 'nothing'}"
             f"{' + fsdp-autopatch' if wheel else ''}{' + naive .pth' if naive_pth else ''})")
-        _run([base_python, "-m", "venv", "--without-pip", str(venv)])
+        make_venv(venv, base_python=base_python)
         if requirements:
             _pip_install(python, *requirements)
     if wheel is not None:
         # Always the wheel just built: a kept venv must measure the checkout as it is now.
         _pip_install(python, str(wheel), extra=("--no-deps", "--force-reinstall"))
     if naive_pth:
-        (site_packages(str(python)) / NAIVE_PTH_NAME).write_text(NAIVE_PTH_LINE)
+        (venv_layout(venv).site / NAIVE_PTH_NAME).write_text(NAIVE_PTH_LINE)
     recipe_path.write_text(json.dumps(recipe, indent=1))
     return python
 

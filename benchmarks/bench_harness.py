@@ -1,5 +1,8 @@
 """A small stdlib timing harness: alternate A/B runs, medians, pairwise ratios, ``-X importtime``.
 
+The helpers shared with the tests (the environment scrubber, the ``-X importtime`` parser) come
+from ``tests/harness.py``, which ``run.py`` puts on ``sys.path``.
+
 Runs of the things being compared are interleaved (A B, then B A, ...) rather than done in
 blocks, so that drift on a noisy machine (another process starting, the CPU clock changing)
 lands on both sides alike. A ratio is the median of per-round ratios B_i / A_i, with a
@@ -10,18 +13,15 @@ contains 1.
 from __future__ import annotations
 
 import math
-import os
-import re
 import statistics
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
+
+from harness import split_importtime
 
 T = TypeVar("T")
-
-# "import time: self [us] | cumulative | imported package", one line per module imported.
-_IMPORTTIME_LINE = re.compile(r"^import time:\s+(\d+)\s+\|\s+(\d+)\s+\|( *)(\S+)\s*$")
 
 
 class MeasurementError(RuntimeError):
@@ -120,11 +120,7 @@ def importtime(command: Command) -> dict[str, int]:
     """Self import time in microseconds per module, from one run with ``-X importtime``."""
     argv = (command.argv[0], "-X", "importtime", *command.argv[1:])
     result = run_checked(Command(argv, command.env, command.cwd))
-    times: dict[str, int] = {}
-    for line in result.stderr.splitlines():
-        match = _IMPORTTIME_LINE.match(line)
-        if match:
-            times[match.group(4)] = int(match.group(1))
+    times, _ = split_importtime(result.stderr)
     if not times:
         raise MeasurementError(f"no -X importtime lines from {' '.join(argv)}")
     return times
@@ -139,17 +135,3 @@ def loaded_modules(python: str, code: str, env: dict[str, str], cwd: str) -> set
     listing = f"{code}\nimport sys; print('\\n'.join(sorted(sys.modules)))"
     result = run_checked(Command((python, "-c", listing), env, cwd))
     return {line for line in result.stdout.splitlines() if line}
-
-
-def clean_environment(**overrides: Optional[str]) -> dict[str, str]:
-    """This process's environment without switches that change what a child imports."""
-    env = {
-        key: value for key, value in os.environ.items()
-        if not key.startswith(("FSDP_AUTOPATCH", "PYTHON")) and key not in ("VIRTUAL_ENV",)
-    }
-    for key, value in overrides.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env

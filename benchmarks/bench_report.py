@@ -9,8 +9,9 @@ import subprocess
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+# tests/harness.py, put on sys.path by run.py.
+from harness import ROOT, replace_readme_section
+
 START_MARKER = "<!-- benchmarks:start -->"
 END_MARKER = "<!-- benchmarks:end -->"
 # Files whose changes change what is measured; edits elsewhere in the tree do not.
@@ -25,13 +26,13 @@ def _read(path: str) -> str:
 
 
 def machine() -> dict[str, Any]:
+    """What a reader needs to compare numbers: the CPU model, its cores, the OS family. Not the
+    host name, kernel build or paths: they identify one machine and explain nothing."""
     cpu = re.search(r"^model name\s*:\s*(.+)$", _read("/proc/cpuinfo"), re.MULTILINE)
-    memory = re.search(r"^MemTotal:\s*(\d+) kB", _read("/proc/meminfo"), re.MULTILINE)
     return {
-        "platform": platform.platform(),
         "cpu": cpu.group(1).strip() if cpu else platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
-        "memory_gib": round(int(memory.group(1)) / 2**20, 1) if memory else None,
+        "os": f"{platform.system()} {platform.machine()}",
     }
 
 
@@ -81,7 +82,7 @@ def markdown(results: dict[str, Any]) -> str:
         + (" (**quick mode: proves the benchmarks run; the numbers mean little**)" if meta["quick"] else "")
         + ".",
         "",
-        f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, {info['platform']}. "
+        f"Machine: {info['cpu']}, {info['cores']} cores, {info['os']}. "
         + ", ".join(f"{name} {value}" for name, value in versions.items() if value) + ".",
         "",
         "| benchmark | A | B | B - A | B / A (95% CI) | target | met |",
@@ -101,14 +102,7 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_readme(table: str, readme: Path = README) -> bool:
+def update_readme(table: str) -> bool:
     """Put ``table`` between the README's benchmark markers; False (and the README untouched)
     when the markers are missing."""
-    text = readme.read_text() if readme.is_file() else ""
-    start, end = text.find(START_MARKER), text.find(END_MARKER)
-    if start < 0 or end < start:
-        print(f"{readme.name} has no {START_MARKER} ... {END_MARKER} markers; left it unchanged")
-        return False
-    head = text[: start + len(START_MARKER)]
-    readme.write_text(f"{head}\n{table.rstrip()}\n{text[end:]}")
-    return True
+    return replace_readme_section(START_MARKER, END_MARKER, table)

@@ -1,9 +1,11 @@
 """Measure what installing fsdp-autopatch costs, side by side with the alternatives.
 
-    python benchmarks/run.py                      # full run; writes benchmarks/results/
+    python benchmarks/run.py                      # full run; results to a temporary directory
     python benchmarks/run.py --quick              # proves the benchmarks run (CI); numbers mean little
-    python benchmarks/run.py --python ENV/bin/python --venvs /tmp/bench   # reuse environments
-    python benchmarks/run.py --update-readme      # full run, then the table into README.md
+    python benchmarks/run.py --python .venv/bin/python --venvs ../bench-venvs   # reuse environments
+    python benchmarks/run.py --results DIR        # results.json (every sample) and results.md to DIR
+    python benchmarks/run.py --update-readme      # full run; the table into README.md and the
+                                                  # summary into benchmarks/results/
     python benchmarks/run.py --readme-from benchmarks/results/results.md  # table only, no run
 
 Exit status 1 when a measurement could not be taken; timing targets are reported, never enforced.
@@ -16,7 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import shlex
 import shutil
 import statistics
 import sys
@@ -26,24 +27,31 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import bench_envs
-import bench_report
-from bench_harness import (
+HERE = Path(__file__).resolve().parent
+# tests/harness.py holds the helpers the benchmarks share with the tests and the matrix.
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+import bench_envs  # noqa: E402
+import bench_report  # noqa: E402
+from bench_harness import (  # noqa: E402
     Command,
     MeasurementError,
     Ratio,
     alternate,
-    clean_environment,
     importtime,
     loaded_modules,
     pairwise_ratio,
     run_checked,
     wall_seconds,
 )
+from harness import build_wheel, portable_command, portable_path  # noqa: E402
+from harness import scrubbed_environment as clean_environment  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 TORCH_CHILD = HERE / "bench_torch.py"
+TORCH_ONLY = "import torch"
 TRAINING_IMPORT = "import torch.distributed.fsdp, transformers"
+# What --update-readme keeps in the checkout: the table and the summary behind it.
+COMMITTED_RESULTS = HERE / "results"
 OFF = {"FSDP_AUTOPATCH": "0"}
 Row = dict[str, str]
 
@@ -148,6 +156,28 @@ def startup(envs: dict[str, str], settings: Settings, cwd: str) -> tuple[list[Ro
             "met": ("yes" if micros <= time_target else "no") if time_target else "-",
         })
     return rows, data
+
+
+def torch_import(python: str, settings: Settings, cwd: str) -> tuple[list[Row], dict[str, Any]]:
+    """`import torch` alone, in a process that never imports FSDP2 or transformers: the start-up
+    watcher must load nothing beyond what start-up itself loaded, and cost nothing measurable."""
+    default, off = clean_environment(), clean_environment(**OFF)
+    commands = {"off": Command((python, "-c", TORCH_ONLY), off, cwd),
+                "default": Command((python, "-c", TORCH_ONLY), default, cwd)}
+    at_startup = loaded_modules(python, "pass", default, cwd) - loaded_modules(python, "pass", off, cwd)
+    with_torch = {"off": loaded_modules(python, TORCH_ONLY, off, cwd),
+                  "default": loaded_modules(python, TORCH_ONLY, default, cwd)}
+    extras = sorted(with_torch["default"] - with_torch["off"] - at_startup)
+    walls = alternate({label: (lambda c=command: wall_seconds(c)) for label, command in commands.items()},
+                      rounds=settings.import_rounds, warmup=settings.import_warmup)
+    row, wall = comparison_row(f"`{TORCH_ONLY}` alone: default (B) vs `FSDP_AUTOPATCH=0` (A)",
+                               walls["off"], walls["default"], "within noise")
+    rows = [row, {
+        "benchmark": f"… extra modules imported by `{TORCH_ONLY}`, beyond the start-up module",
+        "a": "0", "b": f"{len(extras)}: {module_names(extras)}" if extras else "0",
+        "target": "0", "met": "yes" if not extras else "no",
+    }]
+    return rows, {"wall": wall, "extra_modules": extras, "loaded_at_startup": sorted(at_startup)}
 
 
 def training_import(python: str, settings: Settings, cwd: str) -> tuple[list[Row], dict[str, Any]]:
@@ -312,7 +342,8 @@ def run_all(options: argparse.Namespace, settings: Settings, work: Path) -> dict
     rows: list[Row] = []
     results: dict[str, Any] = {}
     cwd = str(work)  # children start away from the checkout, so its sources never shadow the install
-    wheel = bench_envs.build_wheel(work / "dist")
+    bench_envs.log("building the fsdp-autopatch wheel from the checkout")
+    wheel = build_wheel(work / "dist")
     envs = {
         "without": str(bench_envs.ensure_venv(work / "startup-without", ("wrapt",))),
         "package": str(bench_envs.ensure_venv(work / "startup-package", ("wrapt",), wheel)),
@@ -327,13 +358,15 @@ def run_all(options: argparse.Namespace, settings: Settings, work: Path) -> dict
         errors.append(f"torch environment: {type(error).__name__}: {error}")
         python = None
     if python is not None:
+        measure("torch_import", errors, results, rows, lambda: torch_import(python, settings, cwd))
         measure("training_import", errors, results, rows, lambda: training_import(python, settings, cwd))
         measure("sharding", errors, results, rows, lambda: sharding(python, settings, cwd))
         measure("classes", errors, results, rows, lambda: classes(python, settings, cwd))
     startup_v, torch_v = versions["startup envs"], versions.get("torch env", {})
     return {
         "meta": {
-            "command": shlex.join(["python", *sys.argv]),
+            # Paths as a reader elsewhere can follow them: relative to the checkout, or .venv/...
+            "command": portable_command(["python", *sys.argv]),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "quick": options.quick,
             "settings": asdict(settings),
@@ -348,12 +381,28 @@ def run_all(options: argparse.Namespace, settings: Settings, work: Path) -> dict
                 "Python (torch env)": None if torch_v.get("python") == startup_v.get("python")
                 else torch_v.get("python"),
             },
-            "environments": {**envs, "torch": python},
         },
         "rows": rows,
         "errors": errors,
         "benchmarks": results,
     }
+
+
+def write_results(directory: Path, results: dict[str, Any], table: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (directory / "results.md").write_text(table)
+
+
+def summary(value: Any) -> Any:
+    """``value`` without its lists of numbers (the samples): what a reader of the committed
+    results needs is the table's provenance, medians and ratios, not every timing."""
+    if isinstance(value, dict):
+        return {key: summary(item) for key, item in value.items()
+                if not (isinstance(item, list) and item and all(isinstance(x, (int, float)) for x in item))}
+    if isinstance(value, list):
+        return [summary(item) for item in value]
+    return value
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -369,10 +418,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "transformers 4.55.2)")
     parser.add_argument("--venvs", type=Path, help="keep the benchmark venvs in this directory and reuse "
                         "them next time (default: a temporary directory, removed afterwards)")
-    parser.add_argument("--output", type=Path, help="where results.json and results.md go (default: "
-                        "benchmarks/results, or a temporary directory with --quick)")
+    parser.add_argument("--results", type=Path, metavar="DIR",
+                        help="write results.json (every sample) and results.md to DIR (default: a new "
+                        "temporary directory, named at the end)")
     parser.add_argument("--update-readme", action="store_true",
-                        help="write the table between the benchmark markers of README.md")
+                        help="write the table between the benchmark markers of README.md, and the table "
+                        "and a summary without samples to benchmarks/results/")
     parser.add_argument("--readme-from", type=Path, metavar="RESULTS_MD",
                         help="only write this results.md into README.md; measure nothing")
     return parser.parse_args(argv)
@@ -395,16 +446,16 @@ def main(argv: list[str]) -> int:
     finally:
         if options.venvs is None:
             shutil.rmtree(work, ignore_errors=True)
-    output = options.output or (Path(tempfile.mkdtemp(prefix="fsdp-autopatch-results-")) if options.quick
-                                else HERE / "results")
-    output.mkdir(parents=True, exist_ok=True)
+    # Nothing in the checkout changes unless asked: a run's samples go to a temporary place.
+    output = options.results or Path(tempfile.mkdtemp(prefix="fsdp-autopatch-results-"))
     table = bench_report.markdown(results)
-    (output / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (output / "results.md").write_text(table)
+    write_results(output, results, table)
     print(table)
     print(f"results written to {output}/results.json and results.md")
     if options.update_readme:
+        write_results(COMMITTED_RESULTS, summary(results), table)
         bench_report.update_readme(table)
+        print(f"README.md and {portable_path(str(COMMITTED_RESULTS))}/ updated")
     for error in results["errors"]:
         print(f"could not measure: {error.splitlines()[0]}", file=sys.stderr)
     return 1 if results["errors"] else 0

@@ -20,13 +20,19 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+from harness import make_venv, scrubbed_environment
 
 from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines
 
 __all__ = [
-    "LAYOUT_ERROR", "ROOT", "SCENARIO", "Throwaway", "environment", "json_lines", "make_throwaway",
-    "run_python", "run_scenario", "shard_abc_head", "site_packages", "write_module",
+    "LAYOUT_ERROR", "ROOT", "SCENARIO", "Throwaway", "environment", "fake_torch", "fake_transformers",
+    "json_lines", "layout_bug_here", "make_throwaway", "run_python", "run_scenario", "shard_abc_head",
+    "site_packages", "write_module",
 ]
+
+# "still running <test> (N s)" lines while a long test runs (tests/progress.py); the stress
+# mark, which keeps the longest loops out of the default session (tests/stress.py).
+pytest_plugins = ["progress", "stress"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "tests" / "scenario.py"
@@ -34,17 +40,9 @@ SCENARIO = ROOT / "tests" / "scenario.py"
 REQUIRE_VARIABLE = "FSDP_AUTOPATCH_TEST_REQUIRE"
 
 
-def environment(**overrides: Optional[str]) -> dict[str, str]:
-    """This process's environment without any FSDP_AUTOPATCH* switch, plus ``overrides``
-    (a None value removes the variable)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FSDP_AUTOPATCH")}
-    env.pop("PYTHONPATH", None)
-    for key, value in overrides.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
+# Every child interpreter starts from this process's environment less anything that changes
+# what it imports; the one scrubber, shared with tests/matrix.py and benchmarks/.
+environment = scrubbed_environment
 
 
 def run_python(
@@ -136,13 +134,14 @@ def make_throwaway(
 ) -> Throwaway:
     """A venv holding copies of what ``installed`` has: the package (with its dist-info), its
     start-up files, wrapt; each can be left out to make a broken environment."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    site = Path(sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})["purelib"])
-    python = root / "bin" / "python"
-    assert site.is_dir() and python.exists(), f"unexpected venv layout under {root}"
+    venv = make_venv(root)
+    site, python = venv.site, venv.python
     # copytree keeps modification times, so the copied bytecode stays valid.
     if package:
-        shutil.copytree(installed / "fsdp_autopatch", site / "fsdp_autopatch")
+        package_dir = installed / "fsdp_autopatch"
+        if not package_dir.is_dir():  # an editable install: the package is the checkout's
+            package_dir = ROOT / "fsdp_autopatch"
+        shutil.copytree(package_dir, site / "fsdp_autopatch")
         (dist_info,) = installed.glob("fsdp_autopatch-*.dist-info")
         shutil.copytree(dist_info, site / dist_info.name)
     if pth:
@@ -162,6 +161,19 @@ def write_module(where: Path, dotted: str, source: str) -> None:
         (parent / "__init__.py").touch()
         parent = parent.parent
     (folder / "__init__.py").write_text(textwrap.dedent(source))
+
+
+def fake_torch(where: Path) -> None:
+    """Just enough of a torch package for the start-up watcher: torch, the modules a process
+    may import without FSDP2, and the FSDP2 modules (empty: nothing to patch in them)."""
+    write_module(where, "torch", '__version__ = "2.13.0"\n')
+    for name in ("torch.nn", "torch.distributed", "torch.distributed.fsdp",
+                 "torch.distributed._composable.fsdp", "torch.distributed._composable.replicate_with_fsdp"):
+        write_module(where, name, "")
+
+
+def fake_transformers(where: Path, source: str = '__version__ = "4.55.2"\n') -> None:
+    write_module(where, "transformers", source)
 
 
 def _missing(what: str) -> None:
@@ -193,3 +205,41 @@ def real_torch(installed: Path) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             _missing(f"{package} is not installed")
     return versions
+
+
+# The package's own probe, in a fresh interpreter with the patch off: torch's construction
+# applied to a throwaway ABC module, the swap tried by CPython.
+PROBE_LAYOUT_BUG = """
+    import json
+    import torch.distributed.fsdp
+    from fsdp_autopatch import _patch
+    print(json.dumps({"bug": _patch.probe_layout_bug()}))
+"""
+_layout_bug: list[bool] = []
+
+
+def layout_bug_here() -> bool:
+    """Does this environment's torch, on this Python, hit the layout error for an ABC module
+    without the patch? Asked once per session of the package's probe, on real torch.
+
+    Tests that expect "the layout error without the patch" branch on it: where it is False
+    (CPython 3.15+ accepts the ABC swap) they check that the patch stands aside instead.
+    """
+    if not _layout_bug:
+        try:
+            metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            _missing("torch is not installed")
+        result = run_python(PROBE_LAYOUT_BUG, env=environment(FSDP_AUTOPATCH="0"))
+        assert result.returncode == 0, result.stderr[-4000:]
+        (line,) = json_lines(result.stdout)
+        answer = line["bug"]
+        assert isinstance(answer, bool), f"the layout probe cannot tell here: {result.stdout!r}"
+        _layout_bug.append(answer)
+    return _layout_bug[0]
+
+
+@pytest.fixture(scope="session")
+def layout_bug(real_torch: dict[str, str]) -> bool:
+    """``layout_bug_here()`` as a fixture."""
+    return layout_bug_here()

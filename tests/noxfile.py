@@ -1,36 +1,51 @@
 """Test sessions, each in its own virtual environment under tests/.nox/.
 
-    nox -f tests/noxfile.py -s tests      # everything, against torch 2.13.0 + transformers 4.55.2
+    nox -f tests/noxfile.py -s tests      # the default: all but the stress loops, torch 2.13.0 +
+                                          # transformers 4.55.2, two pytest workers
+    nox -f tests/noxfile.py -s stress     # the stress loops: threads, processes, pip life cycles
     nox -f tests/noxfile.py -s fast       # the tests that need no torch, on Python 3.9 - 3.13
+    nox -f tests/noxfile.py -s wrapt_floor  # the hooks on the oldest wrapt pyproject.toml allows
+    nox -f tests/noxfile.py -s stacks     # accelerate, TRL, PEFT, verl, DCP, compile (tests/stacks/)
 
 The package is always installed from a freshly built wheel, never from the checkout, so the
-tests see what users install: the .pth at the root of site-packages included.
+tests see what users install: the .pth at the root of site-packages included. Arguments after
+``--`` go to pytest (``nox -f tests/noxfile.py -s tests -- tests/test_layout.py -x``).
 """
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
 import nox
 
-ROOT = Path(__file__).resolve().parent.parent
+# nox loads this file by path; its neighbour harness.py (shared with the tests, the matrix and
+# the benchmarks) is importable once tests/ is on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import ROOT, build_wheel
+
 PYTHONS = ["3.9", "3.10", "3.11", "3.12", "3.13"]
-# torch 2.13.0 is the CPU wheel on this machine kind's local disk; pip finds it, uv does not.
+# No index is named here: from PyPI alone pip takes a CUDA build (about 5 GB); with
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu in the environment, torch's CPU build.
 TORCH = "torch==2.13.0"
 TRANSFORMERS = "transformers==4.55.2"
 REQUIRE = {"FSDP_AUTOPATCH_TEST_REQUIRE": "1"}
+# Progress on every test (-v) and the slowest tests at the end; conftest.py adds a line every
+# 30 s for a test still running.
+REPORTING = ("-v", "--durations=15")
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = False
+# A missing interpreter must fail the run: nox would otherwise skip the session and exit 0.
+nox.options.error_on_missing_interpreters = True
 
 
 def install_wheel(session: nox.Session, *requirements: str) -> None:
-    """Build the package's wheel and install it with ``requirements`` into the session."""
-    dist = Path(session.create_tmp()) / "dist"
-    for old in dist.glob("*.whl"):
-        old.unlink()
-    session.run("python", "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(ROOT))
-    (wheel,) = dist.glob("fsdp_autopatch-*.whl")
+    """Build the package's wheel with the session's pip and install it with ``requirements``."""
+    python = str(Path(session.bin) / "python")
+    session.log("building the fsdp-autopatch wheel from the checkout")
+    wheel = build_wheel(Path(session.create_tmp()) / "dist", python=python)
     session.install(str(wheel), *requirements)
     # From the checkout's root, where test paths given after "--" are meant; pytest puts tests/
     # (not the root) on sys.path, so the package under test is the installed wheel.
@@ -39,13 +54,75 @@ def install_wheel(session: nox.Session, *requirements: str) -> None:
 
 @nox.session(python="3.11", venv_backend="venv")
 def tests(session: nox.Session) -> None:
-    """All tests, slow ones included: real torch, transformers and gloo in subprocesses."""
-    install_wheel(session, TORCH, TRANSFORMERS, "pytest")
-    session.run("pytest", *session.posargs, env=REQUIRE)
+    """All tests but the stress loops: real torch, transformers and gloo in subprocesses."""
+    # build: the packaging tests build the sdist and the wheel as a release would.
+    install_wheel(session, TORCH, TRANSFORMERS, "pytest", "pytest-xdist", "build")
+    # Two workers: the tests are subprocess-bound, and each starts its own interpreters, venvs
+    # and gloo groups on free ports, so none waits on another.
+    session.run("pytest", "-n", "2", *REPORTING, "-m", "not stress", *session.posargs, env=REQUIRE)
+
+
+@nox.session(python="3.11", venv_backend="venv")
+def stress(session: nox.Session) -> None:
+    """The stress loops: many racing threads and processes, pip install/upgrade/uninstall cycles."""
+    install_wheel(session, TORCH, TRANSFORMERS, "pytest", "pytest-xdist")
+    session.run("pytest", "-n", "2", *REPORTING, "-m", "stress", *session.posargs, env=REQUIRE)
+
+
+ACCELERATE = "accelerate==1.10.1"
+STACKS = (
+    ACCELERATE, "trl==0.21.0", "peft==0.17.1", "datasets==5.0.1", "verl==0.6.1",
+    # verl pins numpy < 2; pyarrow from 22 on needs numpy 2 at import time (pip does not know).
+    "pyarrow==21.0.0",
+)
+
+
+@nox.session(python="3.11", venv_backend="venv")
+def stacks(session: nox.Session) -> None:
+    """accelerate, TRL, PEFT, verl, DCP, meta init and torch.compile around sharded reward models
+    and critics, each with the package on and off (tests/stacks/).
+
+    ``-- ci``: only the cases CI runs (marker ``stacks_ci``: accelerate, DCP, torch.compile).
+    ``-- --readme``: write the README's "Works with" table (only after a run of every case).
+    """
+    args = list(session.posargs)
+    env = {**REQUIRE, "FSDP_AUTOPATCH_STACKS": "1"}
+    if "--readme" in args:
+        args.remove("--readme")
+        env["FSDP_AUTOPATCH_STACKS_README"] = "1"
+    ci = "ci" in args
+    if ci:
+        args.remove("ci")
+        args += ["-m", "stacks_ci"]
+    # The CI cases need accelerate only; verl alone brings ray, wandb and tensordict.
+    install_wheel(session, TORCH, TRANSFORMERS, *((ACCELERATE,) if ci else STACKS), "pytest")
+    session.run("pytest", *REPORTING, "tests/stacks", *args, env=env)
+
+
+def oldest_wrapt() -> str:
+    """``wrapt==X`` for the ``wrapt>=X`` pyproject.toml declares: the floor users may get."""
+    match = re.search(r'"wrapt>=([0-9][0-9.]*)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    if match is None:
+        raise RuntimeError("pyproject.toml declares no wrapt>=X dependency; fix its dependencies")
+    return f"wrapt=={match.group(1)}"
+
+
+@nox.session(python="3.11", venv_backend="venv")
+def wrapt_floor(session: nox.Session) -> None:
+    """The hooks and every import order on the oldest wrapt allowed (1.14 runs post-import
+    hooks under its global lock)."""
+    install_wheel(session, TORCH, TRANSFORMERS, "pytest", "pytest-xdist", oldest_wrapt())
+    session.run("python", "-c", "import wrapt; print('wrapt', wrapt.__version__)")
+    session.run(
+        "pytest", "-n", "2", *REPORTING, "-m", "not stress", "tests/test_hooks.py",
+        "tests/test_concurrency.py", "tests/test_replicate.py",
+        "tests/test_fully_shard.py::test_affected_heads_shard_and_train_like_the_unsharded_model",
+        *session.posargs, env=REQUIRE,
+    )
 
 
 @nox.session(python=PYTHONS, venv_backend="venv")
 def fast(session: nox.Session) -> None:
     """The tests that need no torch (layout rules, matrix, switches, start-up), per Python."""
     install_wheel(session, "pytest")
-    session.run("pytest", "-m", "not slow", *session.posargs, env=REQUIRE)
+    session.run("pytest", "-m", "not slow and not stress", *session.posargs, env=REQUIRE)

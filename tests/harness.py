@@ -1,0 +1,217 @@
+"""Helpers shared by the tests, ``tests/matrix.py``, ``tests/noxfile.py`` and ``benchmarks/``.
+
+Standard library only, and importable without pytest, so that every script that builds the
+package, makes environments or runs fresh interpreters does it the same way:
+
+- ``scrubbed_environment``: this process's environment without anything that changes what a
+  child interpreter imports;
+- ``build_wheel``: the package's wheel, built from the checkout;
+- ``make_venv`` / ``venv_layout``: a throwaway virtual environment, and where its parts are;
+- ``run_logged``: an install or build step whose output is kept for the error it raises;
+- ``replace_readme_section``: generated text between two markers of README.md;
+- ``split_importtime``: ``python -X importtime`` output, parsed;
+- ``portable_path`` / ``portable_command`` / ``portable_text``: paths as a reader of another
+  machine can follow them.
+
+(A free TCP port for a gloo rendezvous is the package's own ``fsdp_autopatch._verify.free_port``.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+BUILD_TIMEOUT = 600
+
+
+def scrubbed_environment(**overrides: Optional[str]) -> dict[str, str]:
+    """This process's environment without the package's switches (``FSDP_AUTOPATCH*``), the
+    interpreter's own variables (``PYTHON*``: path, start-up file, flags) and ``VIRTUAL_ENV``,
+    plus ``overrides`` (a None value removes the variable)."""
+    env = {
+        key: value for key, value in os.environ.items()
+        if not key.startswith(("FSDP_AUTOPATCH", "PYTHON")) and key != "VIRTUAL_ENV"
+    }
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def build_wheel(
+    into: Path,
+    source: Path = ROOT,
+    *,
+    python: str = sys.executable,
+    uv: Optional[str] = None,
+    log: Optional[Path] = None,
+) -> Path:
+    """Build the package's wheel from ``source`` into ``into`` (older wheels there are removed),
+    with ``uv build`` when ``uv`` is given, else ``python -m pip wheel``; returns its path.
+
+    The build backend comes from the index, in an isolated build environment: the network is
+    needed unless the installer's cache has it. Output goes to ``log`` when given, else into the
+    error raised on failure.
+    """
+    into.mkdir(parents=True, exist_ok=True)
+    for old in into.glob("fsdp_autopatch-*.whl"):
+        old.unlink()
+    if uv:
+        command = [uv, "build", "--wheel", "--out-dir", str(into), str(source)]
+    else:
+        command = [python, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
+                   "--wheel-dir", str(into), str(source)]
+    run_logged(command, log, env=scrubbed_environment())
+    wheels = list(into.glob("fsdp_autopatch-*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"{shlex.join(command)} left {len(wheels)} wheels in {into}; expected one")
+    return wheels[0]
+
+
+def run_logged(
+    command: list[str], log: Optional[Path], env: Optional[dict[str, str]] = None,
+    timeout: float = BUILD_TIMEOUT,
+) -> str:
+    """Run an install or build step; its output goes to ``log`` (appended) when given and is
+    returned; a failure raises RuntimeError with the command and the end of its output."""
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    output = result.stdout + result.stderr
+    if log is not None:
+        with log.open("a") as file:
+            file.write(f"$ {shlex.join(command)}\n{output}")
+    if result.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} exited {result.returncode}:\n{output[-3000:]}")
+    return result.stdout
+
+
+@dataclass(frozen=True)
+class Venv:
+    """Where the parts of a virtual environment are."""
+
+    root: Path
+    python: Path
+    site: Path
+    scripts: Path
+
+
+def venv_layout(root: Path) -> Venv:
+    """The parts of the venv at ``root``, whatever Python it was made with."""
+    scripts = root / ("Scripts" if sys.platform == "win32" else "bin")
+    python = scripts / ("python.exe" if sys.platform == "win32" else "python")
+    if sys.platform == "win32":
+        site = root / "Lib" / "site-packages"
+    else:
+        # One lib/pythonX.Y per venv; its version is the base interpreter's, maybe not this one's.
+        found = sorted((root / "lib").glob("python3*/site-packages"))
+        site = found[0] if found else Path(sysconfig.get_paths(vars={"base": str(root)})["purelib"])
+    return Venv(root, python, site, scripts)
+
+
+def make_venv(root: Path, *, with_pip: bool = False, base_python: str = sys.executable) -> Venv:
+    """A new virtual environment at ``root`` made by ``base_python``.
+
+    Without pip by default: pip and setuptools bring start-up files and modules of their own,
+    which would blur what start-up costs; fill it with ``pip --python`` from outside instead.
+    """
+    command = [base_python, "-m", "venv", *(() if with_pip else ("--without-pip",)), str(root)]
+    run_logged(command, None, env=scrubbed_environment())
+    venv = venv_layout(root)
+    if not (venv.python.exists() and venv.site.is_dir()):
+        raise RuntimeError(f"unexpected venv layout under {root}: no {venv.python} or {venv.site}")
+    return venv
+
+
+def replace_readme_section(start_marker: str, end_marker: str, text: str, readme: Path = README) -> bool:
+    """Put ``text`` between ``start_marker`` and ``end_marker`` in ``readme``; False, with one line
+    on stderr and the file untouched, when either marker is missing or they are out of order."""
+    content = readme.read_text() if readme.is_file() else ""
+    start, end = content.find(start_marker), content.find(end_marker)
+    if start < 0 or end < start:
+        print(f"{readme.name} has no {start_marker} ... {end_marker} markers; left it unchanged; "
+              "add both markers where the generated text belongs", file=sys.stderr)
+        return False
+    head = content[: start + len(start_marker)]
+    readme.write_text(f"{head}\n{text.strip()}\n{content[end:]}")
+    return True
+
+
+# "import time: self [us] | cumulative | imported package", one line per module imported; the
+# header line ("import time: self [us] | cumulative | imported package") has no numbers.
+_IMPORTTIME_LINE = re.compile(r"^import time:\s+(\d+)\s+\|\s+(\d+)\s+\|\s*(\S+)\s*$")
+
+
+def split_importtime(stderr: str) -> tuple[dict[str, int], list[str]]:
+    """Parse ``python -X importtime`` output: self import time in microseconds per module
+    imported, and every other line of ``stderr`` (what the program itself printed there)."""
+    times: dict[str, int] = {}
+    others: list[str] = []
+    for line in stderr.splitlines():
+        match = _IMPORTTIME_LINE.match(line)
+        if match:
+            times[match.group(3)] = int(match.group(1))
+        elif not line.startswith("import time:"):
+            others.append(line)
+    return times, others
+
+
+def _venv_root(path: Path) -> Optional[Path]:
+    for parent in path.parents:
+        if (parent / "pyvenv.cfg").is_file():
+            return parent
+    if not path.exists():
+        # A path of another machine (a captured log): judged by its shape, bin/ or lib/pythonX.Y/.
+        parts = path.parts
+        for index in range(len(parts) - 1, 0, -1):
+            if parts[index] == "bin" or (parts[index] == "lib" and index + 1 < len(parts)
+                                          and parts[index + 1].startswith("python3")):
+                return Path(*parts[:index])
+    return None
+
+
+def portable_path(path: str, root: Path = ROOT) -> str:
+    """``path`` as a reader elsewhere can follow it: relative when under the checkout, as
+    ``.venv/...`` when inside a virtual environment, else its last part (``python3``).
+    Anything that is not an absolute path is returned unchanged."""
+    if not os.path.isabs(path):
+        return path
+    # abspath, not resolve(): a venv's python is a symlink to an interpreter outside the venv.
+    absolute = Path(os.path.abspath(path))
+    if absolute == root or root in absolute.parents:
+        return absolute.relative_to(root).as_posix() or "."
+    venv = _venv_root(absolute)
+    if venv is not None:
+        return (Path(".venv") / absolute.relative_to(venv)).as_posix()
+    return absolute.name
+
+
+def portable_command(argv: Iterable[str], root: Path = ROOT) -> str:
+    """A command line with every absolute path in it made portable (see ``portable_path``);
+    ``--option=/abs/path`` forms included."""
+    words = []
+    for word in argv:
+        option, equals, value = word.partition("=")
+        if equals and option.startswith("-"):
+            words.append(f"{option}={portable_path(value, root)}")
+        else:
+            words.append(portable_path(word, root))
+    return shlex.join(words)
+
+
+# An absolute POSIX path inside text: starts at a "/" that does not follow a word character.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(?:[\w.+@-]+/)*[\w.+@-]+")
+
+
+def portable_text(text: str, root: Path = ROOT) -> str:
+    """``text`` (captured output, a header) with every absolute path in it made portable."""
+    return _ABSOLUTE_PATH.sub(lambda match: portable_path(match.group(0), root), text)
