@@ -14,9 +14,10 @@ def apply(force: bool = False) -> Status:
     """Arm the patch in this process, as the ``.pth`` file does, and return ``status()``.
 
     The patch is installed as soon as torch's FSDP2 and transformers are both imported (now, if
-    they already are) and the version matrix shows the bug; ``force=True`` patches as soon as
-    FSDP2 is imported, whatever the versions. ``FSDP_AUTOPATCH=0`` still wins: it is the
-    operator's switch.
+    they already are) and a probe shows that CPython refuses the classes this torch builds for
+    ABC modules (the version matrix answers where no probe can run); ``force=True`` patches as
+    soon as FSDP2 is imported, whatever the versions, and CPython is still asked per class.
+    ``FSDP_AUTOPATCH=0`` still wins: it is the operator's switch.
     """
     mode = _config.mode_from_environment()
     if mode.name != _config.OFF:
@@ -28,7 +29,9 @@ def apply(force: bool = False) -> Status:
 
 
 def status() -> Status:
-    """What the patch did in this process: ``applied``, ``reason``, ``mode``, versions, ``to_dict()``."""
+    """What the patch did in this process: ``applied``, ``reason``, ``mode``, versions,
+    ``decided_by`` (``"probe"``: torch and CPython were asked; ``"matrix"``: the version rows
+    answered), ``to_dict()``."""
     current = _hooks.current_status()
     if current is not None:
         return current
@@ -36,7 +39,7 @@ def status() -> Status:
     if mode.name == _config.OFF:
         reason = f"disabled by {_config.MODE_VARIABLE}={mode.raw}"
     elif fsdp_autopatch.armed:
-        reason = "armed: waiting for the first import of torch or transformers"
+        reason = "armed: waiting for the first import of FSDP2 (torch.distributed.fsdp) or transformers"
     else:
         reason = ("not armed: fsdp_autopatch.pth did not run in this interpreter (python -S, "
                   "PYTHONPATH or --target install?); call fsdp_autopatch.apply()")

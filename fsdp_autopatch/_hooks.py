@@ -2,7 +2,8 @@
 
 wrapt post-import hooks fire in either import order, for modules imported before they were
 registered, and from any thread. Each hook calls ``try_install``, which under one lock checks
-whether everything needed is now loaded, asks the version matrix, and installs the patch.
+whether everything needed is now loaded, asks torch and CPython whether the bug is here (the
+version matrix answers where they cannot be asked), and installs the patch.
 Nothing here lets an exception reach the user's ``import``: a failure is logged once, recorded
 in ``status().reason``, and the program goes on unpatched.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import threading
 from typing import Any, Optional
@@ -22,7 +24,7 @@ logger = logging.getLogger("fsdp_autopatch")
 # handler of our own, logging's last-resort handler would print warnings to stderr.
 logger.addHandler(logging.NullHandler())
 
-FSDP_MODULES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
+FSDP_MODULES = _patch.FSDP2_PACKAGES
 TRANSFORMERS = "transformers"
 
 
@@ -37,6 +39,9 @@ class Status:
     transformers: Optional[str] = None
     sites: tuple[str, ...] = ()
     in_matrix: Optional[bool] = None
+    # Who answered whether the bug is here: "probe" (torch and CPython were asked) or "matrix"
+    # (the version rows, where no probe could run); None until then, and in off and force modes.
+    decided_by: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -45,6 +50,20 @@ class Status:
 _lock = threading.RLock()
 _status: Optional[Status] = None  # None until watch() runs
 _decided = False  # the matrix has answered for the versions loaded; only force reopens it
+_replicate_reported = False  # replicate()'s failure has been said, once
+# Set while watch() registers replicate()'s hook, which wrapt then calls at once if the module is
+# already in sys.modules: possibly half-run, by an import that started before the hooks existed.
+_registering = threading.local()
+
+
+def _reset_lock_after_fork() -> None:
+    # A thread that held the lock at fork() does not exist in the child: nothing would release it.
+    global _lock
+    _lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_after_fork)
 
 
 def watch(mode: _config.Mode) -> None:
@@ -57,7 +76,7 @@ def watch(mode: _config.Mode) -> None:
         if first:
             _configure_logging()
             if mode.problem:
-                sys.stderr.write(mode.problem + "\n")
+                _write_stderr(mode.problem)
         if mode.name == _config.OFF:
             _status = Status(False, f"disabled by {_config.MODE_VARIABLE}={mode.raw}", mode.name)
             return
@@ -76,6 +95,26 @@ def watch(mode: _config.Mode) -> None:
         except Exception as error:
             _give_up(f"could not register an import hook for {name}: {error}")
             return
+    # Registered now, whatever is imported yet, so that wrapt sees every later import of it (in
+    # any thread, before or after FSDP2) and calls the hook once its body has run.
+    _registering.active = True
+    try:
+        wrapt.register_post_import_hook(_on_replicate_import, _patch.REPLICATE_MODULE)
+    except Exception as error:
+        _replicate_failed(f"could not register an import hook for {_patch.REPLICATE_MODULE}: {error}")
+    finally:
+        _registering.active = False
+
+
+def _write_stderr(line: str) -> None:
+    """One line on stderr, if there is one (pythonw and some services have ``sys.stderr = None``)."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    try:
+        stream.write(line + "\n")
+    except Exception:  # a closed or unencodable stream must not keep the hooks from registering
+        pass
 
 
 def on_import(module: object) -> None:
@@ -102,6 +141,14 @@ def try_install() -> None:
         if not _patch.fsdp2_loaded():
             return
         torch_version, torch_note = _version_of("torch")
+        if _patch.fully_shard_site() is None:
+            # Nothing could be patched on this torch, whatever transformers is; waiting for it
+            # would leave the status saying "waiting" for good.
+            _status.torch = torch_version
+            _status.reason = torch_note + _patch.unknown_layout_reason(torch_version)
+            _decided = True
+            logger.warning("%s", _status.reason)
+            return
         transformers_version, transformers_note = None, ""
         if mode != _config.FORCE:
             # Only its version is needed, and that is set first thing in its __init__.
@@ -109,46 +156,81 @@ def try_install() -> None:
                 _status.reason = f"waiting for {TRANSFORMERS} to be imported"
                 return
             transformers_version, transformers_note = _version_of(TRANSFORMERS)
-        decision = _matrix.decide(mode, torch_version, transformers_version, _patch.probe_still_broken)
+        decision = _matrix.decide(mode, torch_version, transformers_version, _patch.probe_layout_bug)
         _status.torch, _status.transformers = torch_version, transformers_version
-        _status.in_matrix = decision.in_matrix
+        _status.in_matrix, _status.decided_by = decision.in_matrix, decision.decided_by
         _status.reason = "".join((torch_note, transformers_note, decision.reason))
         _decided = True
         if not decision.apply:
-            logger.info("not patching: %s", _status.reason)
+            logger.info("not patching%s: %s", _decided_by(decision), _status.reason)
             return
         _status.applied, _status.sites = True, (_patch.install_fully_shard(),)
-        try:
-            if _patch.patch_site(_patch.REPLICATE_SITE):
-                _status.sites += (_patch.REPLICATE_SITE.name,)
-            else:
-                _register(_patch.REPLICATE_MODULE, _on_replicate_import)
-        except Exception as error:  # fully_shard stays patched; only replicate() goes without
-            _replicate_failed(error)
-        logger.info("patched fully_shard for ABC-based modules: %s", _status.reason)
+        logger.info("patched fully_shard for ABC-based modules%s: %s", _decided_by(decision),
+                    _status.reason)
+        # Not yet imported, or still being imported: its own hook patches it.
+        _patch_replicate(_patch.loaded(_patch.REPLICATE_MODULE))
 
 
-def _on_replicate_import(module: object) -> None:
+def _on_replicate_import(module: Any) -> None:
+    """replicate_with_fsdp's post-import hook: it runs once its body has run, or at once when
+    the hook is registered after it was imported."""
     try:
-        with _lock:
-            if _status is not None and _patch.patch_site(_patch.REPLICATE_SITE):
-                _status.sites += (_patch.REPLICATE_SITE.name,)
+        if getattr(_registering, "active", False) and _patch.initializing(module):
+            # Its import began before the hooks existed and is still running (in another
+            # thread, or further up this one): nothing will call this hook again.
+            _replicate_failed(f"{_patch.REPLICATE_MODULE} was being imported while the patch was "
+                              "being armed; import it after fsdp_autopatch.apply()")
+            return
+        _patch_replicate(module)
     except Exception as error:  # fully_shard stays patched; only replicate() goes without
-        _replicate_failed(error)
+        _replicate_failed(f"{type(error).__name__}: {error}")
 
 
-def _replicate_failed(error: Exception) -> None:
-    message = f"replicate() runs unpatched ({type(error).__name__}: {error})"
+def _patch_replicate(module: Any) -> None:
+    """Patch replicate()'s site in ``module`` (a module whose body has run, or None: not loaded),
+    once fully_shard is patched; the failure is said once."""
+    site = _patch.REPLICATE_SITE
     with _lock:
+        if (module is None or _status is None or not _status.applied or site.name in _status.sites
+                or _replicate_reported):
+            return
+        if _patch.patch_site(site, module):
+            _status.sites += (site.name,)
+            return
+        if _replicate_predates_its_site(_status.torch):
+            logger.debug("%s has no class cache of its own on torch %s: nothing to patch there",
+                         site.module, _status.torch)
+            return
+    names = "/".join(site.wrappers) + f", {site.deepcopy}, {site.cache}"
+    _replicate_failed(f"{site.module} has none of the names this version of fsdp-autopatch patches "
+                      f"({names}); upgrade fsdp-autopatch")
+
+
+def _replicate_predates_its_site(torch_version: Optional[str]) -> bool:
+    """Is this torch older than the releases whose replicate() builds classes at its own site?"""
+    try:
+        return torch_version is not None and _matrix.release(torch_version) < _matrix.REPLICATE_ROW.first
+    except ValueError:
+        return False
+
+
+def _replicate_failed(problem: str) -> None:
+    """Say once, in the status and the log, that replicate() is not patched and why."""
+    global _replicate_reported
+    message = f"replicate() runs unpatched: {problem}"
+    with _lock:
+        if _replicate_reported:
+            return
+        _replicate_reported = True
         if _status is not None:
             _status.reason += f"; {message}"
     logger.warning("%s", message)
 
 
-def _register(name: str, hook: Any) -> None:
-    wrapt = sys.modules.get("wrapt")
-    if wrapt is not None:
-        wrapt.register_post_import_hook(hook, name)
+def _decided_by(decision: _matrix.Decision) -> str:
+    names = {_matrix.PROBE: "the probe", _matrix.MATRIX: "the version matrix"}
+    who = names.get(decision.decided_by or "")
+    return f" (decided by {who})" if who else ""
 
 
 def _version_of(package: str) -> tuple[Optional[str], str]:

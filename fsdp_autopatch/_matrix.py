@@ -1,21 +1,30 @@
-"""The version matrix: which torch and transformers releases have the bug, with the evidence.
+"""The version matrix: which torch, transformers and Python releases have the bug, with the evidence.
 
 The patch is installed only where the bug is: a transformers release whose heads inherit
-``abc.ABC`` and a torch release whose FSDP2 builds layout-incompatible classes. Every row says
-what was read or run to establish it. A torch newer than the last row is judged by behaviour
-(``Decision`` takes a probe), so the patch switches itself off once upstream fixes the
-construction.
+``abc.ABC``, a torch whose FSDP2 builds wrapper classes by ``type(f"FSDP{name}", (FSDPModule,
+cls), ...)``, and a CPython that refuses that class for an ABC module. Whether torch and CPython
+still refuse is asked of them directly, by a probe (``_patch.probe_layout_bug``); the rows below
+are the documented evidence, and the answer only where no probe can run (``doctor``, which
+imports no torch, or a torch whose construction cannot be found). Every row says what was read
+or run to establish it; ``render_version_table`` writes the README's table from them.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from fsdp_autopatch import _config
 
 Release = tuple[int, ...]
+
+_TO = " \N{EN DASH} "  # the README's way of writing a range of releases
+
+# Who answered "is the bug here?": the probe asked torch and CPython, or the rows below did.
+PROBE = "probe"
+MATRIX = "matrix"
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,8 @@ class Row:
     end: Optional[Release]  # exclusive; None: no upper end
     affected: bool
     evidence: str
+    versions: str  # as the README shows them
+    fact: str  # the README's one-line summary
 
     def covers(self, numbers: Release) -> bool:
         return _significant(self.first) <= numbers and (
@@ -39,30 +50,68 @@ class Row:
 
 TRANSFORMERS_ROWS = (
     Row("transformers", (0,), (4, 54, 0), False,
-        "4.53.3 and older define no Generic* heads with abc.ABC"),
+        "4.53.3 and older define no Generic* heads with abc.ABC",
+        "≤ 4.53.3", "no `Generic*` heads with `abc.ABC`: not patched"),
     Row("transformers", (4, 54, 0), (4, 55, 3), True,
         "4.54.0, 4.54.1, 4.55.0, 4.55.1, 4.55.2: GenericFor{SequenceClassification,"
-        "QuestionAnswering,TokenClassification}(ABC) in modeling_layers.py"),
+        "QuestionAnswering,TokenClassification}(ABC) in modeling_layers.py",
+        "4.54.0, 4.54.1, 4.55.0, 4.55.1, 4.55.2",
+        "`GenericFor{SequenceClassification,QuestionAnswering,TokenClassification}(ABC)`: patched"),
     Row("transformers", (4, 55, 3), None, False,
-        "4.55.3 and newer (4.56, 4.57, 5.x): those heads no longer inherit ABC"),
+        "4.55.3 and newer (4.56, 4.57, 5.x): those heads no longer inherit ABC",
+        "≥ 4.55.3 (4.56, 4.57, 5.x)", "the heads no longer inherit `ABC`: not patched"),
 )
 
 TORCH_ROWS = (
-    Row("torch", (0,), (2, 4), False, "no FSDP2 fully_shard before 2.4"),
+    Row("torch", (0,), (2, 4), False, "no FSDP2 fully_shard before 2.4", "< 2.4", "no FSDP2"),
     Row("torch", (2, 4), (2, 5), True,
         "2.4.1 read: _composable/fsdp/fully_shard.py builds FSDP<Name>(FSDPModule, cls) inline, "
         "no class cache; 2.4.1 + transformers 4.55.2 run: layout error, fixed by the inline "
-        "site (its FSDP2 trains only on CUDA, so no train step on CPU)"),
+        "site (its FSDP2 trains only on CUDA, so no train step on CPU)",
+        "2.4", "`_composable/fsdp/fully_shard.py`, class built inline, no cache"),
     Row("torch", (2, 5), (2, 6), True,
         "2.5.1 read: _composable/fsdp/fully_shard.py, cls_to_fsdp_cls cache, same construction; "
-        "2.5.1 + transformers 4.54.0 run: layout error, fixed (its FSDP2 trains only on CUDA)"),
+        "2.5.1 + transformers 4.54.0 run: layout error, fixed (its FSDP2 trains only on CUDA)",
+        "2.5", "same module, `cls_to_fsdp_cls` cache"),
     Row("torch", (2, 6), (2, 11), True,
         "2.6.0, 2.8.0, 2.9.1, 2.10.0 read: fsdp/_fully_shard/_fully_shard.py, same construction "
-        "and cache; 2.8.0 + transformers 4.55.2 run: layout error"),
+        "and cache; 2.8.0 + transformers 4.55.2 run: layout error",
+        f"2.6{_TO}2.10", "`fsdp/_fully_shard/_fully_shard.py`, same construction and cache"),
     Row("torch", (2, 11), (2, 16), True,
         "2.11.0, 2.12.1, 2.13.0, 2.14.1, 2.15.0 read: _fsdp_init._apply_to_module, same "
         "construction; 2.13.0 + transformers 4.54.0 and 4.55.2, 2.15.0 + transformers 4.55.2 run: "
-        "layout error"),
+        "layout error",
+        f"2.11{_TO}2.15", "built by `_fsdp_init._apply_to_module`"),
+)
+
+# replicate() builds Replicate<Name>(ReplicateModule, cls) through the same helper as fully_shard,
+# with its own cache (torch.distributed._composable.replicate_with_fsdp.cls_to_replicate_cls).
+REPLICATE_ROW = Row(
+    "torch", (2, 11), (2, 16), True,
+    "2.13.0 (installed) and 2.14.1 (wheel) read: replicate_with_fsdp.cls_to_replicate_cls and "
+    "ReplicateModule(FSDPModule), passed to _fsdp_init._apply_to_module like fully_shard's; "
+    "2.11.0, 2.12.1, 2.15.0 read with the fully_shard rows; 2.13.0 run: layout error, fixed",
+    f"2.11{_TO}2.15",
+    "`replicate()` (`_composable/replicate_with_fsdp.py`) builds `Replicate<Name>` the same way, "
+    "with its own cache: patched",
+)
+
+# CPython decides the swap itself (compatible_for_assignment in Objects/typeobject.c); torch
+# only builds the class it is asked to accept. The rows are about the ABC case the
+# transformers heads hit; other empty-__slots__ parents are asked per class at run time.
+PYTHON_ROWS = (
+    Row("python", (0,), (3, 15), True,
+        "CPython 3.9.18, 3.10.13, 3.11.7, 3.12.1, 3.13.0 and 3.14.10 run: layout_repro.py refuses "
+        "the ABC, Generic[T] and collections.abc swaps alike (older Pythons are not supported)",
+        f"3.9{_TO}3.14", "CPython refuses the swap when `ABC`, `Generic[T]` or a `collections.abc` "
+        "class comes first: patched"),
+    Row("python", (3, 15), None, False,
+        "CPython 3.15.2 run: layout_repro.py's ABC swaps accepted; torch 2.15.0 + transformers "
+        "4.55.2 shard and train the three heads unpatched; Generic[T]-first and Protocol-first "
+        "classes still refused",
+        "≥ 3.15", "CPython accepts the ABC swap, so the transformers heads need nothing: not "
+        "patched; it still refuses `Generic[T]`- and `Protocol`-first classes, which "
+        "`FSDP_AUTOPATCH=force` patches (CPython is asked per class)"),
 )
 
 _RELEASE_PATTERN = re.compile(r"\s*v?(?:\d+!)?(\d+(?:\.\d+)*)")
@@ -92,16 +141,41 @@ def row_for(rows: tuple[Row, ...], version: str) -> Optional[Row]:
     return next((row for row in rows if row.covers(numbers)), None)
 
 
+def first_release_after(rows: tuple[Row, ...]) -> Release:
+    """The first release no row covers (the rows tile from 0 up to their last end)."""
+    end = rows[-1].end
+    if end is None:
+        raise ValueError(f"the {rows[-1].package} rows have no upper end")
+    return end
+
+
+def replicate_patched(torch_version: str) -> bool:
+    """Is this a torch whose ``replicate()`` the evidence shows building patchable classes?"""
+    return REPLICATE_ROW.covers(release(torch_version))
+
+
+def python_version() -> str:
+    return ".".join(map(str, sys.version_info[:3]))
+
+
+def interpreter(version: Optional[str] = None) -> str:
+    """``CPython 3.11.7``: the rows and the probe speak about CPython's layout rule."""
+    name = "CPython" if sys.implementation.name == "cpython" else sys.implementation.name
+    return f"{name} {version or python_version()}"
+
+
 @dataclass(frozen=True)
 class Decision:
     apply: bool
     reason: str
-    # True: the pair is in a row that has the bug; False: rows say no bug; None: not in the rows.
+    # What the rows say about the pair on this Python: True: the bug; False: no bug; None: the
+    # rows do not cover it. The probe can overrule it; ``decided_by`` says who answered.
     in_matrix: Optional[bool]
+    decided_by: Optional[str] = None  # PROBE or MATRIX; None where no bug question was asked
 
 
-# A probe answers "does this torch still build layout-incompatible classes?" by trying it;
-# None when it cannot tell.
+# A probe answers "does CPython refuse the FSDP class this torch builds for an ABC module?" by
+# trying it; None when it cannot tell.
 Probe = Callable[[], Optional[bool]]
 
 
@@ -110,18 +184,24 @@ def decide(
     torch_version: Optional[str],
     transformers_version: Optional[str],
     probe: Optional[Probe] = None,
+    python: Optional[str] = None,
 ) -> Decision:
-    """Should the patch be installed for this mode and these versions?"""
+    """Should the patch be installed for this mode, these versions and this Python?
+
+    ``python`` defaults to the running interpreter. The probe, when given and able to tell,
+    decides; the rows decide otherwise.
+    """
     if mode == _config.OFF:
         return Decision(False, f"disabled by {_config.MODE_VARIABLE}", None)
     if torch_version is None:
         return Decision(False, "torch is not installed: there is nothing to patch", None)
     torch_row = row_for(TORCH_ROWS, torch_version)
     if torch_row is not None and not torch_row.affected:
-        return Decision(False, f"torch {torch_version} has no FSDP2 ({torch_row.evidence})", False)
+        return Decision(False, f"torch {torch_version} has no FSDP2 ({torch_row.evidence})", False,
+                        MATRIX)
     if mode == _config.FORCE:
         return Decision(True, f"{_config.MODE_VARIABLE}=force: patching torch {torch_version} "
-                              "whatever the matrix says", None)
+                              "whatever the matrix says; each class is still asked of CPython", None)
     if transformers_version is None:
         return Decision(False, "transformers is not installed, and only its 4.54.0-4.55.2 "
                                f"heads need the patch (set {_config.MODE_VARIABLE}=force for "
@@ -131,17 +211,48 @@ def decide(
     if not transformers_row.affected:
         return Decision(False, f"transformers {transformers_version} is not affected "
                                f"({transformers_row.evidence}); set {_config.MODE_VARIABLE}=force "
-                               "for your own ABC modules", False)
+                               "for your own ABC modules", False, MATRIX)
     pair = f"torch {torch_version} with transformers {transformers_version}"
-    if torch_row is not None:
-        return Decision(True, f"{pair} has the bug ({torch_row.evidence})", True)
-    still_broken = probe() if probe is not None else None
-    if still_broken is None:
-        return Decision(False, f"torch {torch_version} is newer than the matrix and its FSDP "
-                               "class construction could not be checked; set "
-                               f"{_config.MODE_VARIABLE}=force to patch anyway", None)
-    if still_broken:
-        return Decision(True, f"{pair}: torch is newer than the matrix, but a probe shows it still "
-                              "builds layout-incompatible FSDP classes", None)
-    return Decision(False, f"torch {torch_version} builds layout-compatible FSDP classes (probed): "
-                           "fixed upstream, nothing to do", False)
+    python_row = row_for(PYTHON_ROWS, python or python_version())
+    assert python_row is not None  # the rows cover every release
+    cpython = interpreter(python)
+    in_matrix = (False if not python_row.affected
+                 else None if torch_row is None else True)
+    refused = probe() if probe is not None else None
+    if refused is True:
+        return Decision(True, f"{pair} has the bug: {cpython} refuses torch {torch_version}'s FSDP "
+                              "classes for ABC modules (probed)", in_matrix, PROBE)
+    if refused is False:
+        return Decision(False, f"{cpython} accepts torch {torch_version}'s FSDP classes for ABC "
+                               "modules (probed): nothing to patch", in_matrix, PROBE)
+    if in_matrix is True:
+        assert torch_row is not None
+        return Decision(True, f"{pair} has the bug on {cpython} (version matrix: "
+                              f"{torch_row.evidence})", True, MATRIX)
+    if in_matrix is False:
+        # The row's range, not its evidence: the evidence names the CPython it was measured on,
+        # often the very one running, which the reason already names.
+        return Decision(False, f"{cpython} accepts torch's FSDP classes for ABC modules, as the "
+                               f"version matrix has it for CPython {python_row.versions}: nothing to "
+                               f"patch (set {_config.MODE_VARIABLE}=force for your own modules whose "
+                               "swap it still refuses)", False, MATRIX)
+    return Decision(False, f"torch {torch_version} is newer than the matrix and its FSDP class "
+                           "construction could not be probed; set "
+                           f"{_config.MODE_VARIABLE}=force to patch anyway", None, MATRIX)
+
+
+def _release_text(numbers: Release) -> str:
+    return ".".join(map(str, numbers))
+
+
+def render_version_table() -> str:
+    """The README's version table (between ``<!-- versions:start -->`` and ``-->end``), from the rows."""
+    newer = _release_text(first_release_after(TORCH_ROWS))
+    lines = ["| package | versions | fact |", "| --- | --- | --- |"]
+    lines += [f"| transformers | {row.versions} | {row.fact} |" for row in TRANSFORMERS_ROWS]
+    lines += [f"| torch | {row.versions} | {row.fact} |" for row in TORCH_ROWS]
+    lines.append(f"| torch | ≥ {newer} | not in the rows: only the probe can say; without one, "
+                 f"not patched (`{_config.MODE_VARIABLE}=force` patches anyway) |")
+    lines.append(f"| torch | {REPLICATE_ROW.versions} | {REPLICATE_ROW.fact} |")
+    lines += [f"| Python | {row.versions} | {row.fact} |" for row in PYTHON_ROWS]
+    return "\n".join(lines) + "\n"

@@ -1,40 +1,61 @@
-"""The hooks: when the patch is installed, what it says, and that it happens once.
+"""The hooks: when the patch is installed, what it says, and that it happens once; the probe
+that decides whether it is needed, run on real torch.
 
 Fresh interpreters of the installed package, with real torch and transformers. Import orders and
-threads are covered with the full proof in test_fully_shard.py.
+threads are covered with the full proof in test_fully_shard.py. Where this torch and Python have
+no layout bug (``layout_bug_here()`` is False, as on CPython 3.15), the same tests check that the
+patch stands aside.
 """
 
 from __future__ import annotations
 
+import os
+import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import LAYOUT_ERROR, environment, run_python, shard_abc_head
+from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_python, shard_abc_head
+
+import fsdp_autopatch
 
 pytestmark = pytest.mark.slow
+
+
+def assert_unpatched_torch(report: dict[str, object]) -> None:
+    """Without the patch, an ABC head fails exactly where this torch and Python have the bug."""
+    if layout_bug_here():
+        assert LAYOUT_ERROR in str(report["error"])
+    else:
+        assert report["error"] is None
+
 
 def test_apply_patches_modules_imported_before_it(installed: Path) -> None:
     """``python -S`` reads no .pth (as embedded or PYTHONPATH installs): ``apply()`` then patches
     the torch and transformers that are already imported."""
-    without = shard_abc_head("-S", PYTHONPATH=str(installed))
+    # site-packages, and where the package is imported from (the checkout, for an editable install).
+    path = os.pathsep.join((str(installed), str(Path(fsdp_autopatch.__file__).parent.parent)))
+    without = shard_abc_head("-S", PYTHONPATH=path)
     assert "not armed" in without["before"]["reason"]
-    assert LAYOUT_ERROR in without["error"]
+    assert_unpatched_torch(without)
 
-    report = shard_abc_head("-S", calls="fsdp_autopatch.apply()", PYTHONPATH=str(installed))
-    assert report["after"]["applied"] is True and report["error"] is None
+    report = shard_abc_head("-S", calls="fsdp_autopatch.apply()", PYTHONPATH=path)
+    assert report["after"]["applied"] is layout_bug_here() and report["error"] is None
+    assert report["after"]["decided_by"] == "probe"
 
 
 def test_patch_is_installed_once(installed: Path) -> None:
+    # Where there is no bug, auto mode stands aside and force then installs it: once either way.
     report = shard_abc_head(calls="fsdp_autopatch.apply(); fsdp_autopatch.apply(force=True)")
     assert report["before"]["applied"] is True
     assert report["cache_type"] == "LayoutFixingCache" and report["cache_kept"] is True
     assert report["error"] is None
-    assert LAYOUT_ERROR in shard_abc_head(FSDP_AUTOPATCH="0")["error"]
+    assert_unpatched_torch(shard_abc_head(FSDP_AUTOPATCH="0"))
 
 
 def test_force_mode_patches_whatever_the_versions(installed: Path) -> None:
     report = shard_abc_head(FSDP_AUTOPATCH="force")
     assert report["before"]["applied"] is True and report["before"]["mode"] == "force"
+    assert report["before"]["decided_by"] is None
     assert "force" in report["before"]["reason"] and report["error"] is None
 
 
@@ -49,16 +70,265 @@ def ours(stderr: str) -> list[str]:
 
 def test_silent_by_default_and_one_info_line_when_asked(installed: Path) -> None:
     quiet = run_python(IMPORT_BOTH)
-    assert quiet.stdout == "True\n" and ours(quiet.stderr) == []
+    assert quiet.stdout == f"{layout_bug_here()}\n" and ours(quiet.stderr) == []
     told = run_python(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH_LOG="info"))
     (line,) = ours(told.stderr)
-    assert line.startswith("fsdp-autopatch INFO: patched fully_shard") and "transformers 4.55.2" in line
+    action = "patched fully_shard" if layout_bug_here() else "not patching"
+    assert line.startswith(f"fsdp-autopatch INFO: {action}") and "transformers 4.55.2" in line
+    assert "(decided by the probe)" in line and "(probed)" in line
 
 
 @pytest.mark.parametrize("value", ["yes please", "ünïcødé", "$(rm -rf ~) ; `id` | &", "x" * 5000])
 def test_bad_switch_value_warns_once_and_runs_in_auto_mode(installed: Path, value: str) -> None:
     result = run_python(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH=value))
-    assert result.returncode == 0 and result.stdout == "True\n"
+    assert result.returncode == 0 and result.stdout == f"{layout_bug_here()}\n"
     (line,) = ours(result.stderr)
     assert line.startswith("fsdp-autopatch: ignoring FSDP_AUTOPATCH=") and len(line) < 300
     assert "0|off|false|no|disable" in line
+
+
+# The package's probe next to the real thing: fully_shard, unpatched, on a class (ABC, nn.Module).
+PROBE_AND_SHARD = """
+    import abc, json, sys
+    import torch.distributed.fsdp
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp._fully_shard import _fsdp_init, _fully_shard
+    from fsdp_autopatch import _patch, _verify
+
+    report = {"helper": _patch.probe_layout_bug()}
+    report["cache_untouched"] = not any(
+        "LayoutProbe" in cls.__name__ for cls in _fully_shard.cls_to_fsdp_cls)
+    # Without torch's helper, the probe builds the class with the formula every torch uses.
+    helper = _fsdp_init._apply_to_module
+    del _fsdp_init._apply_to_module
+    report["formula"] = _patch.probe_layout_bug()
+    # A helper that wants an argument the package does not know: it cannot tell, and says so.
+    def unknown(modules, cls_to_wrapper_cls, wrapper_module_cls, wrapper_cls_prefix,
+                unimplemented_deepcopy, placement):
+        raise AssertionError("never called")
+    _fsdp_init._apply_to_module = unknown
+    report["unknown_signature"] = _patch.probe_layout_bug()
+    # Keyword-only and reordered parameters are matched by name, not position.
+    def reordered(*, unimplemented_deepcopy, wrapper_cls_prefix, wrapper_module_cls,
+                  cls_to_wrapper_cls, modules, extra=None):
+        return helper(modules, cls_to_wrapper_cls, wrapper_module_cls, wrapper_cls_prefix,
+                      unimplemented_deepcopy)
+    _fsdp_init._apply_to_module = reordered
+    report["reordered"] = _patch.probe_layout_bug()
+    _fsdp_init._apply_to_module = helper
+
+    class Head(abc.ABC, nn.Linear):
+        pass
+
+    try:
+        fully_shard(Head(4, 4), mesh=_verify.init_process_group())
+        report["error"] = None
+    except TypeError as error:
+        report["error"] = str(error)
+    print(json.dumps(report))
+"""
+
+
+def test_probe_answers_what_fully_shard_does(real_torch: dict[str, str]) -> None:
+    """The real probe on real torch says "bug" exactly where fully_shard, unpatched, fails on an
+    ABC module; through torch's helper or the formula alike; and it leaves torch's cache alone."""
+    result = run_python(PROBE_AND_SHARD, env=environment(FSDP_AUTOPATCH="0"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    (report,) = json_lines(result.stdout)
+    bug = report["error"] is not None and LAYOUT_ERROR in report["error"]
+    assert report["error"] is None or bug, report["error"]
+    assert report["helper"] is bug and report["formula"] is bug and report["reordered"] is bug
+    assert report["unknown_signature"] is None
+    assert report["cache_untouched"] is True
+    assert layout_bug_here() is bug
+
+
+# Runs ``module`` as usual, then renames its global ``name``, as a torch that moved it would;
+# before any post-import hook sees the module.
+MOVE_NAME = """
+    import importlib.machinery, sys
+
+    class Mover:
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname != {module!r}:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            real = spec.loader
+
+            class Loader:
+                def create_module(self, spec):
+                    return None
+
+                def exec_module(self, module):
+                    real.exec_module(module)
+                    module.moved_elsewhere = module.__dict__.pop({name!r})
+
+            spec.loader = Loader()
+            return spec
+
+    sys.meta_path.insert(0, Mover())
+"""
+FULLY_SHARD_SITE = "torch.distributed.fsdp._fully_shard._fully_shard"
+
+
+def with_name_moved(module: str, name: str, code: str) -> str:
+    return textwrap.dedent(MOVE_NAME.format(module=module, name=name)) + textwrap.dedent(code)
+
+
+def warnings_of(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("fsdp-autopatch WARNING")]
+
+
+def test_unknown_fsdp2_layout_is_said_within_the_import(real_torch: dict[str, str]) -> None:
+    """FSDP2 imported, ``fully_shard`` there, none of the known sites: the status says so (not
+    "waiting"), one warning, before transformers is imported and after."""
+    code = """
+        import json
+        import torch, torch.distributed.fsdp
+        import fsdp_autopatch
+        from fsdp_autopatch import _patch
+        print(json.dumps({"at_fsdp2": fsdp_autopatch.status().to_dict(),
+                          "expected": _patch.unknown_layout_reason(torch.__version__)}))
+        import transformers
+        print(json.dumps({"at_transformers": fsdp_autopatch.status().to_dict()}))
+    """
+    moved = run_python(with_name_moved(FULLY_SHARD_SITE, "cls_to_fsdp_cls", code),
+                       env=environment(FSDP_AUTOPATCH_LOG="warning"))
+    assert moved.returncode == 0, moved.stderr[-4000:]
+    first, second = json_lines(moved.stdout)
+    status, expected = first["at_fsdp2"], first["expected"]
+    assert status["applied"] is False and status["reason"] == expected
+    assert second["at_transformers"] == status
+    from fsdp_autopatch import __version__
+
+    assert f"FSDP2 layout is unknown to fsdp-autopatch {__version__}" in expected
+    assert "upgrade fsdp-autopatch" in expected and "FSDP_AUTOPATCH=0" in expected
+    assert warnings_of(moved.stderr) == [f"fsdp-autopatch WARNING: {expected}"]
+
+    # The same process with torch's names where they are: waiting for transformers, silent.
+    known = run_python(code, env=environment(FSDP_AUTOPATCH_LOG="warning"))
+    assert known.returncode == 0, known.stderr[-4000:]
+    first, second = json_lines(known.stdout)
+    assert first["at_fsdp2"]["reason"] == "waiting for transformers to be imported"
+    assert second["at_transformers"]["applied"] is layout_bug_here()
+    assert warnings_of(known.stderr) == []
+
+
+def test_replicate_site_that_cannot_be_patched_is_said_once(real_torch: dict[str, str]) -> None:
+    code = """
+        import json
+        import torch.distributed.fsdp, transformers
+        import torch.distributed._composable.replicate_with_fsdp
+        import fsdp_autopatch
+        fsdp_autopatch.apply()
+        print(json.dumps(fsdp_autopatch.status().to_dict()))
+    """
+    result = run_python(
+        with_name_moved("torch.distributed._composable.replicate_with_fsdp", "cls_to_replicate_cls", code),
+        env=environment(FSDP_AUTOPATCH_LOG="warning", FSDP_AUTOPATCH="force"),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    (status,) = json_lines(result.stdout)
+    assert status["applied"] is True
+    assert status["sites"] == [f"{FULLY_SHARD_SITE}.cls_to_fsdp_cls"]
+    (warning,) = warnings_of(result.stderr)
+    assert warning.startswith("fsdp-autopatch WARNING: replicate() runs unpatched: ")
+    assert "cls_to_replicate_cls" in warning and warning.split("WARNING: ")[1] in status["reason"]
+
+
+def test_locks_are_free_in_a_child_forked_while_a_thread_holds_them(installed: Path) -> None:
+    """A thread holds the hooks' lock and a class cache's lock when another forks: the child,
+    which has no such thread, can still take both (it would wait forever otherwise)."""
+    result = run_python("""
+        import os, signal, threading
+        from fsdp_autopatch import _hooks, _patch
+
+        class Wrapper:
+            pass
+
+        construction = _patch.Construction(Wrapper, "FSDP", lambda *a: None, "torch_stand_in")
+        cache = _patch.LayoutFixingCache({}, construction, "stand-in")
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            with _hooks._lock, cache._lock:
+                held.set()
+                release.wait()
+
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a deadlocked child dies of SIGALRM instead of hanging the test
+            _hooks.current_status()
+            cache.get(Wrapper)
+            os._exit(0)
+        _, code = os.waitpid(pid, 0)
+        release.set()
+        print(os.waitstatus_to_exitcode(code))
+    """, env=environment(FSDP_AUTOPATCH="0"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.strip() == "0"
+
+
+def test_hooks_register_when_stderr_is_none(installed: Path) -> None:
+    """pythonw and some services run with ``sys.stderr = None``: a bad switch value cannot be
+    printed, and the patch is armed all the same."""
+    result = run_python(
+        "import sys; sys.stderr = None\n" + IMPORT_BOTH, env=environment(FSDP_AUTOPATCH="yes please")
+    )
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout == f"{layout_bug_here()}\n"
+
+
+def test_replicate_import_running_when_the_patch_is_armed_is_said_once(real_torch: dict[str, str]) -> None:
+    """``apply()`` (no start-up file) while another thread is inside replicate_with_fsdp's import:
+    no hook will see that import end, so the status and one warning say replicate() runs
+    unpatched, and what to do."""
+    result = run_python("""
+        import json, sys, threading, importlib.machinery
+        import fsdp_autopatch
+        fsdp_autopatch.disarm()  # as in an interpreter that read no start-up file
+        import torch.distributed.fsdp, transformers
+        NAME = "torch.distributed._composable.replicate_with_fsdp"
+        entered, release = threading.Event(), threading.Event()
+
+        class Blocking:
+            def find_spec(self, fullname, path=None, target=None):
+                if fullname != NAME:
+                    return None
+                spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+                real = spec.loader
+
+                class Loader:
+                    def create_module(self, spec):
+                        return None
+
+                    def exec_module(self, module):
+                        entered.set()
+                        release.wait()
+                        real.exec_module(module)
+
+                spec.loader = Loader()
+                return spec
+
+        sys.meta_path.insert(0, Blocking())
+        worker = threading.Thread(target=importlib.import_module, args=(NAME,))
+        worker.start()
+        entered.wait()
+        status = fsdp_autopatch.apply()
+        release.set()
+        worker.join()
+        print(json.dumps(status.to_dict()))
+    """, env=environment(FSDP_AUTOPATCH_LOG="warning"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    (status,) = json_lines(result.stdout)
+    if not layout_bug_here():
+        assert status["applied"] is False and warnings_of(result.stderr) == []
+        return
+    assert status["applied"] is True and len(status["sites"]) == 1
+    (warning,) = warnings_of(result.stderr)
+    message = warning.split("WARNING: ")[1]
+    assert message.startswith("replicate() runs unpatched: ") and "fsdp_autopatch.apply()" in message
+    assert message in status["reason"]

@@ -1,8 +1,16 @@
-"""The version matrix: parsing, rows, and the decision for each case the rows describe."""
+"""The version matrix: parsing, rows, the README's table, and the decision, probe first.
+
+Expectations come from the rows in ``fsdp_autopatch._matrix`` (the one place version facts are
+stated), not restated here.
+"""
 
 from __future__ import annotations
 
+import re
+from typing import Optional
+
 import pytest
+from conftest import ROOT
 
 from fsdp_autopatch import _config, _matrix
 
@@ -11,7 +19,7 @@ from fsdp_autopatch import _config, _matrix
     ("version", "release"),
     [("2.8.0+cu128", (2, 8)), ("2.9.0.dev20250801", (2, 9)), ("4.55.0rc1", (4, 55)),
      ("2.13.0", (2, 13)), ("4.55.2", (4, 55, 2)), ("v2.4.1", (2, 4, 1)), ("1!2.6.0", (2, 6)),
-     ("4.55.2.post1", (4, 55, 2))],
+     ("4.55.2.post1", (4, 55, 2)), ("3.15.0a1", (3, 15))],
 )
 def test_release(version: str, release: tuple[int, ...]) -> None:
     assert _matrix.release(version) == release
@@ -23,87 +31,182 @@ def test_release_rejects_non_versions(version: str) -> None:
         _matrix.release(version)
 
 
-@pytest.mark.parametrize(
-    ("rows", "name"), [(_matrix.TORCH_ROWS, "torch"), (_matrix.TRANSFORMERS_ROWS, "transformers")]
-)
-def test_rows_tile_every_release_without_gaps_and_carry_evidence(
-    rows: tuple[_matrix.Row, ...], name: str
-) -> None:
+ALL_ROWS = {"torch": _matrix.TORCH_ROWS, "transformers": _matrix.TRANSFORMERS_ROWS,
+            "python": _matrix.PYTHON_ROWS}
+
+
+def text(numbers: tuple[int, ...]) -> str:
+    return ".".join(map(str, numbers))
+
+
+def before(end: Optional[tuple[int, ...]]) -> str:
+    """The release just before an exclusive end: (2, 4) -> "2.3"."""
+    assert end is not None
+    return text((*end[:-1], end[-1] - 1))
+
+
+@pytest.mark.parametrize("name", list(ALL_ROWS))
+def test_rows_tile_every_release_without_gaps_and_carry_evidence(name: str) -> None:
+    rows = ALL_ROWS[name]
     assert rows[0].first == (0,)
     for before, after in zip(rows, rows[1:]):
         assert before.end == after.first
-    assert all(row.package == name and row.evidence for row in rows)
+    assert all(row.package == name and row.evidence and row.versions and row.fact for row in rows)
 
 
-@pytest.mark.parametrize(
-    ("version", "affected"),
-    [("4.53.3", False), ("4.54.0", True), ("4.54.1", True), ("4.55.0rc1", True), ("4.55.2", True),
-     ("4.55.3", False), ("4.57.6", False), ("5.24.0", False)],
-)
-def test_transformers_rows(version: str, affected: bool) -> None:
-    row = _matrix.row_for(_matrix.TRANSFORMERS_ROWS, version)
-    assert row is not None and row.affected is affected
+@pytest.mark.parametrize("name", list(ALL_ROWS))
+def test_each_row_covers_its_own_bounds(name: str) -> None:
+    rows = ALL_ROWS[name]
+    for index, row in enumerate(rows):
+        assert _matrix.row_for(rows, text(row.first)) is row
+        # Pre-releases and local builds count as the release they lead to.
+        assert _matrix.row_for(rows, f"{text(row.first)}rc1+local") is row
+        if row.end is not None:
+            following = rows[index + 1] if index + 1 < len(rows) else None
+            assert _matrix.row_for(rows, text(row.end)) is following
 
 
-@pytest.mark.parametrize(
-    ("version", "affected"),
-    [("2.3.1", False), ("2.4.1", True), ("2.5.1", True), ("2.8.0+cu128", True), ("2.9.0.dev20250801", True),
-     ("2.13.0+cpu", True), ("2.15.0", True), ("2.16.0", None), ("3.0.0", None)],
-)
-def test_torch_rows(version: str, affected: bool | None) -> None:
-    """torch 2.9+ is in the rows: the upstream fix promised for it never shipped."""
-    row = _matrix.row_for(_matrix.TORCH_ROWS, version)
-    assert (row.affected if row else None) is affected
+def test_torch_newer_than_the_rows_is_in_no_row() -> None:
+    newer = _matrix.first_release_after(_matrix.TORCH_ROWS)
+    assert _matrix.row_for(_matrix.TORCH_ROWS, text(newer)) is None
+    assert _matrix.row_for(_matrix.TORCH_ROWS, text((newer[0] + 1, 0))) is None
+    assert _matrix.row_for(_matrix.TORCH_ROWS, text(_matrix.TORCH_ROWS[-1].first)) is not None
 
 
-def decide(mode: str = _config.AUTO, torch: str | None = "2.13.0", transformers: str | None = "4.55.2",
-           probe: bool | None = None) -> _matrix.Decision:
-    return _matrix.decide(mode, torch, transformers, lambda: probe)
+def test_every_fsdp2_torch_in_the_rows_is_affected() -> None:
+    """No torch release in the rows fixed the construction (the fix promised for 2.9 never
+    shipped): only the rows before FSDP2 are unaffected."""
+    fsdp2 = [row for row in _matrix.TORCH_ROWS if row.first >= (2, 4)]
+    assert fsdp2 and all(row.affected for row in fsdp2)
+    assert not any(row.affected for row in _matrix.TORCH_ROWS if row not in fsdp2)
 
 
-def test_affected_pair_is_patched() -> None:
+def test_replicate_range_lies_inside_the_affected_torch_rows() -> None:
+    row = _matrix.REPLICATE_ROW
+    assert row.end is not None
+    assert _matrix.replicate_patched(text(row.first))
+    assert not _matrix.replicate_patched(text(row.end))
+    for version in (text(row.first), before(row.end)):
+        torch_row = _matrix.row_for(_matrix.TORCH_ROWS, version)
+        assert torch_row is not None and torch_row.affected
+
+
+AFFECTED_TRANSFORMERS = next(row for row in _matrix.TRANSFORMERS_ROWS if row.affected)
+UNAFFECTED_TRANSFORMERS = [row for row in _matrix.TRANSFORMERS_ROWS if not row.affected]
+LAST_TORCH = _matrix.TORCH_ROWS[-1]
+BUGGY_PYTHON = next(row for row in _matrix.PYTHON_ROWS if row.affected)
+FIXED_PYTHON = next(row for row in _matrix.PYTHON_ROWS if not row.affected)
+TORCH = text(LAST_TORCH.first) + ".0"
+TRANSFORMERS = text(AFFECTED_TRANSFORMERS.first)
+NEWER_TORCH = text(_matrix.first_release_after(_matrix.TORCH_ROWS)) + ".0"
+# The last Python of the refusing row, e.g. 3.14.1.
+BUGGY_PYTHON_VERSION = before(BUGGY_PYTHON.end) + ".1"
+
+
+def decide(mode: str = _config.AUTO, torch: Optional[str] = TORCH,
+           transformers: Optional[str] = TRANSFORMERS, probe: Optional[bool] = None,
+           python: str = BUGGY_PYTHON_VERSION) -> _matrix.Decision:
+    return _matrix.decide(mode, torch, transformers, lambda: probe, python)
+
+
+def test_affected_pair_is_patched_by_the_matrix_when_no_probe_can_tell() -> None:
     decision = decide()
-    assert decision.apply and decision.in_matrix is True
-    assert "torch 2.13.0 with transformers 4.55.2" in decision.reason
+    assert decision.apply and decision.in_matrix is True and decision.decided_by == _matrix.MATRIX
+    assert f"torch {TORCH} with transformers {TRANSFORMERS}" in decision.reason
+    assert "version matrix" in decision.reason
 
 
-def test_design_card_cell_is_patched() -> None:
-    assert decide(torch="2.8.0+cu128", transformers="4.55.2").apply
+@pytest.mark.parametrize("refused", [True, False])
+@pytest.mark.parametrize("torch", [TORCH, NEWER_TORCH])
+def test_the_probe_decides_when_it_can_tell(refused: bool, torch: str) -> None:
+    decision = decide(torch=torch, probe=refused)
+    assert decision.apply is refused and decision.decided_by == _matrix.PROBE
+    assert "(probed)" in decision.reason and "CPython" in decision.reason
+    # The rows keep their own answer, so doctor and the matrix run can compare.
+    assert decision.in_matrix is (True if torch == TORCH else None)
 
 
-@pytest.mark.parametrize("transformers", ["4.53.3", "4.55.3", "4.57.6", "5.24.0"])
-def test_unaffected_transformers_is_left_alone_unless_forced(transformers: str) -> None:
-    assert not decide(transformers=transformers).apply
+def test_python_that_accepts_the_swap_stands_aside() -> None:
+    """The transformers heads on a CPython that accepts torch's class: nothing to patch."""
+    python = text(FIXED_PYTHON.first) + ".2"
+    probed = decide(probe=False, python=python)
+    assert not probed.apply and probed.decided_by == _matrix.PROBE and probed.in_matrix is False
+    assert probed.reason == (f"CPython {python} accepts torch {TORCH}'s FSDP classes for ABC modules "
+                             "(probed): nothing to patch")
+    by_rows = decide(python=python)
+    assert not by_rows.apply and by_rows.decided_by == _matrix.MATRIX and by_rows.in_matrix is False
+    assert f"CPython {python} accepts" in by_rows.reason
+    # Named once, even where the row's evidence was measured on that very CPython.
+    assert by_rows.reason.count(python) == 1, by_rows.reason
+    # force still patches there: per class, CPython is asked (Generic[T]-first is still refused).
+    assert _matrix.decide(_config.FORCE, TORCH, TRANSFORMERS, lambda: False, python).apply
+
+
+@pytest.mark.parametrize("row", UNAFFECTED_TRANSFORMERS, ids=lambda row: row.versions)
+def test_unaffected_transformers_is_left_alone_unless_forced(row: _matrix.Row) -> None:
+    transformers = text(row.first if row.first != (0,) else (4, 53, 3))
+    assert not decide(transformers=transformers, probe=True).apply
     assert decide(transformers=transformers).in_matrix is False
+    assert decide(transformers=transformers).decided_by == _matrix.MATRIX
     assert decide(_config.FORCE, transformers=transformers).apply
 
 
 def test_force_needs_no_transformers_but_an_fsdp2_torch() -> None:
     assert decide(_config.FORCE, transformers=None).apply
-    assert not decide(_config.FORCE, torch="2.3.1").apply
+    assert decide(_config.FORCE, transformers=None).decided_by is None
+    assert not decide(_config.FORCE, torch=before(_matrix.TORCH_ROWS[0].end) + ".1").apply
     assert not decide(transformers=None).apply
 
 
 def test_off_wins() -> None:
-    assert not decide(_config.OFF).apply
+    assert not decide(_config.OFF, probe=True).apply
     assert "disabled" in decide(_config.OFF).reason
 
 
 def test_no_torch() -> None:
-    assert not decide(torch=None).apply
+    assert not decide(torch=None, probe=True).apply
 
 
-@pytest.mark.parametrize(("probe", "apply"), [(True, True), (False, False), (None, False)])
-def test_torch_newer_than_the_rows_is_judged_by_the_probe(probe: bool | None, apply: bool) -> None:
-    decision = decide(torch="2.16.0", probe=probe)
-    assert decision.apply is apply
-    assert decision.in_matrix is (False if probe is False else None)
-    expected = {True: "still builds", False: "fixed upstream", None: "FSDP_AUTOPATCH=force"}[probe]
-    assert expected in decision.reason
+def test_torch_newer_than_the_rows_without_a_probe_is_left_alone() -> None:
+    decision = decide(torch=NEWER_TORCH)
+    assert not decision.apply and decision.in_matrix is None
+    assert "FSDP_AUTOPATCH=force" in decision.reason
 
 
-def test_probe_is_not_run_inside_the_rows() -> None:
+def test_the_probe_runs_inside_the_rows_too() -> None:
+    """Behaviour decides: a torch in the rows whose classes CPython accepts is left alone."""
+    calls = []
+
     def probe() -> bool:
-        raise AssertionError("the rows answer for torch 2.13")
+        calls.append(1)
+        return False
 
-    assert _matrix.decide(_config.AUTO, "2.13.0", "4.55.2", probe).apply
+    assert not _matrix.decide(_config.AUTO, TORCH, TRANSFORMERS, probe).apply
+    assert calls == [1]
+
+
+def test_default_python_is_the_running_interpreter() -> None:
+    assert _matrix.decide(_config.AUTO, TORCH, TRANSFORMERS).reason.count(_matrix.interpreter()) == 1
+
+
+VERSIONS_TABLE = re.compile(r"<!-- versions:start -->\n(.*?)<!-- versions:end -->", re.S)
+
+
+def test_readme_version_table_is_the_rendered_rows() -> None:
+    """README.md's hand-readable version table is written from the rows, never by hand."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = VERSIONS_TABLE.search(readme)
+    assert match is not None, "README.md has no <!-- versions:start --> ... <!-- versions:end --> block"
+    assert match.group(1) == _matrix.render_version_table(), (
+        "README.md's version table differs from the rows; replace it with the output of: "
+        "python -c 'from fsdp_autopatch import _matrix; print(_matrix.render_version_table(), end=\"\")'"
+    )
+
+
+def test_rendered_table_has_every_row() -> None:
+    table = _matrix.render_version_table()
+    for rows in ALL_ROWS.values():
+        for row in rows:
+            assert f"| {row.versions} | {row.fact} |" in table
+    assert f"| {_matrix.REPLICATE_ROW.versions} | {_matrix.REPLICATE_ROW.fact} |" in table
+    assert f"≥ {text(_matrix.first_release_after(_matrix.TORCH_ROWS))}" in table
