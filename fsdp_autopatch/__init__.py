@@ -8,8 +8,9 @@ for interpreters that do not read ``.pth`` files.
 This module is the start-up path, and it runs in every interpreter, pip and linters included.
 So it imports only the standard library, raises nothing, prints nothing, and costs one list
 insert. wrapt takes 60-80 ms to import; it, the switch parsing and everything else load only
-once torch or transformers is actually being imported, which is also when ``FSDP_AUTOPATCH``
-is read for good.
+once FSDP2 (or, in auto mode, transformers) is actually being imported, which is also when
+``FSDP_AUTOPATCH`` is read for good. A process that imports torch and never FSDP2 pays nothing
+more than the insert.
 """
 
 
@@ -17,62 +18,106 @@ import _thread
 import os
 import sys
 
-WATCHED_PACKAGES = ("torch", "transformers")
-# _config.MODE_VARIABLE, named here so that the common case (unset) imports nothing more.
 MODE_VARIABLE = "FSDP_AUTOPATCH"
+# The values start-up must tell apart without importing _config, which takes them from here.
+# fsdp_autopatch.pth spells OFF_VALUES out again, so that a disabled interpreter imports nothing of
+# ours; tests/test_startup.py keeps the two in step.
+OFF_VALUES = ("0", "off", "false", "no", "disable")
+FORCE_VALUES = ("force",)
+
+# The patch can only matter once one of these is imported; torch alone never needs it.
+# _hooks and _patch name the same modules: tests/test_startup.py keeps them in step.
+FSDP2_MODULES = (
+    "torch.distributed.fsdp",
+    "torch.distributed._composable.fsdp",
+    "torch.distributed._composable.replicate_with_fsdp",
+)
+# Only its version decides, in auto mode; its model imports load torch.distributed.fsdp anyway.
+TRANSFORMERS = "transformers"
 
 # Set by arm(); read by status().
 armed = False
 
 
 class FirstImportWatcher:
-    """A ``sys.meta_path`` finder for the first import of torch or transformers.
+    """A ``sys.meta_path`` finder for the first import of an FSDP2 module or transformers.
 
-    It lends that import a loader that arms the wrapt post-import hooks before the package
-    runs, then leaves ``sys.meta_path``. The arming happens in the loader, not here: finders
-    run under the interpreter's global import lock, and importing wrapt under it could deadlock
-    against a thread that holds one of wrapt's own module locks.
+    It lends that import a loader that registers the wrapt post-import hooks before the module
+    runs, then leaves ``sys.meta_path``. The registering happens in the loader, never here:
+    finders run under the interpreter's global import lock, and importing wrapt under it could
+    deadlock against a thread that holds one of wrapt's own module locks.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, names: "tuple[str, ...]") -> None:
+        self.names = names
         self._lock = _thread.RLock()
-        self._handed_over = False
+        self._started = False
+        self._done = False
+        # A watched module came with a loader that could not be lent: the next import whose
+        # loader can be lent hands over instead, outside the import lock.
+        self._pending = False
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
-        if fullname not in WATCHED_PACKAGES:
+        watched = fullname in self.names
+        if not watched and not (self._pending and not self._started):
             return None
         spec = find_spec_after(self, fullname, path, target)
         if spec is None:  # not installed: nothing to arm for, and the import fails as usual
             return None
-        try:
-            loader = getattr(spec, "loader", None)
-            if loader is not None and hasattr(loader, "exec_module"):
-                spec.loader = HandOverLoader(loader, self)  # type: ignore[attr-defined]
-                return spec
-        except Exception:  # an unusual spec or loader: arm right here instead
-            pass
-        self.hand_over()
+        if not lend_loader(spec, self) and watched:
+            self._pending = True
         return spec
 
     def hand_over(self) -> None:
-        # Threads importing the other package at the same moment wait here, in their loaders,
-        # until the hooks are in place; they then tell the hooks themselves (exec_module).
+        """Register the hooks once, from a lent loader, then leave ``sys.meta_path``."""
+        # Threads importing another watched module at the same moment wait here, in their
+        # loaders, until the hooks are in place; they then tell the hooks themselves.
         with self._lock:
-            if not self._handed_over:
-                hand_over()
-                self._handed_over = True
-                remove_watcher(self)
+            if self._started:
+                return
+            self._started = True
+            self._pending = False
+            register_hooks()
+            self._done = True
+            remove_watcher(self)
+
+    def after_fork_in_child(self) -> None:
+        # The thread that held the lock, or was handing over, does not exist in the child:
+        # a new lock, and a hand-over it never finished starts again on the next import.
+        self._lock = _thread.RLock()
+        if not self._done:
+            self._started = False
 
     def __repr__(self) -> str:
-        return f"<fsdp_autopatch watcher for {'/'.join(WATCHED_PACKAGES)}>"
+        return f"<fsdp_autopatch watcher for {', '.join(self.names)}>"
 
 
-class HandOverLoader:
-    """Wraps torch's or transformers' own loader for the one import that arms the hooks."""
+class LentLoader:
+    """Stands in for a module's own loader during the one import that hands over."""
 
-    def __init__(self, loader: object, watcher: FirstImportWatcher) -> None:
+    def __init__(self, loader: object, watcher: FirstImportWatcher, spec: object) -> None:
         self.loader = loader
         self.watcher = watcher
+        self.spec = spec
+
+    def restore(self, module: object) -> None:
+        # The module sees its real loader, as if this one had never been there.
+        try:
+            if getattr(self.spec, "loader", None) is self:
+                self.spec.loader = self.loader  # type: ignore[attr-defined]
+            if getattr(module, "__loader__", None) is self:
+                module.__loader__ = self.loader  # type: ignore[attr-defined]
+        except Exception:
+            pass
+
+    def __getattr__(self, name: str) -> object:
+        if name == "loader":  # not set yet (a copy in the making): no endless lookup
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
+class HandOverLoader(LentLoader):
+    """For a loader with ``exec_module``: hands over in ``create_module``."""
 
     def create_module(self, spec: object) -> object:
         self.watcher.hand_over()
@@ -80,21 +125,38 @@ class HandOverLoader:
         return create_module(spec) if create_module is not None else None
 
     def exec_module(self, module: object) -> None:
-        # The package sees its real loader, as if this one had never been there.
-        try:
-            module.__loader__ = self.loader  # type: ignore[attr-defined]
-            spec = getattr(module, "__spec__", None)
-            if spec is not None and spec.loader is self:
-                spec.loader = self.loader
-        except Exception:
-            pass
+        self.restore(module)
         self.loader.exec_module(module)  # type: ignore[attr-defined]
         # wrapt's finder was not on sys.meta_path when this import was found, so the
-        # post-import hooks for this very package are run from here.
+        # post-import hooks for this very module are run from here.
         notify_loaded(module)
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.loader, name)
+
+class LegacyHandOverLoader(LentLoader):
+    """For a loader with only ``load_module`` (no ``exec_module``, so the import system calls
+    ``load_module``, under the module's lock but not the global import lock)."""
+
+    def load_module(self, fullname: str) -> object:
+        self.watcher.hand_over()
+        module = self.loader.load_module(fullname)  # type: ignore[attr-defined]
+        self.restore(module)
+        notify_loaded(module)
+        return module
+
+
+def lend_loader(spec: object, watcher: FirstImportWatcher) -> bool:
+    """Put a hand-over loader in front of ``spec``'s loader; False if it cannot be done."""
+    try:
+        loader = getattr(spec, "loader", None)
+        if hasattr(loader, "exec_module"):
+            spec.loader = HandOverLoader(loader, watcher, spec)  # type: ignore[attr-defined]
+        elif hasattr(loader, "load_module"):
+            spec.loader = LegacyHandOverLoader(loader, watcher, spec)  # type: ignore[attr-defined]
+        else:  # a namespace package, or an unusual spec
+            return False
+        return True
+    except Exception:
+        return False
 
 
 def find_spec_after(watcher: object, fullname: str, path: object, target: object) -> object:
@@ -109,8 +171,8 @@ def find_spec_after(watcher: object, fullname: str, path: object, target: object
     return None
 
 
-def hand_over() -> None:
-    """Arm the wrapt post-import hooks; never raises (the hooks module records failures)."""
+def register_hooks() -> None:
+    """Register the wrapt post-import hooks; never raises (the hooks module records failures)."""
     try:
         from fsdp_autopatch import _config, _hooks
 
@@ -141,17 +203,20 @@ def arm() -> None:
     try:
         if armed:
             return
+        value = os.environ.get(MODE_VARIABLE, "").strip().lower()
         # The .pth line has already skipped a disabled interpreter; a .start file cannot.
-        if os.environ.get(MODE_VARIABLE) is not None:
-            from fsdp_autopatch import _config
-
-            if _config.mode_from_environment().name == _config.OFF:
-                return
+        if value in OFF_VALUES:
+            return
         armed = True
-        if any(name in sys.modules for name in WATCHED_PACKAGES):
-            hand_over()
-        else:
-            sys.meta_path.insert(0, FirstImportWatcher())
+        names = FSDP2_MODULES if value in FORCE_VALUES else (*FSDP2_MODULES, TRANSFORMERS)
+        if any(name in sys.modules for name in names):
+            register_hooks()
+            return
+        watcher = FirstImportWatcher(names)
+        sys.meta_path.insert(0, watcher)
+        register_at_fork = getattr(os, "register_at_fork", None)  # POSIX only
+        if register_at_fork is not None:
+            register_at_fork(after_in_child=watcher.after_fork_in_child)
     except Exception:  # start-up must never fail because of this package
         pass
 
@@ -163,7 +228,7 @@ def disarm() -> None:
             remove_watcher(finder)
 
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["Status", "__version__", "apply", "status"]
 
 

@@ -1,23 +1,20 @@
 """Configuration: the ``FSDP_AUTOPATCH`` and ``FSDP_AUTOPATCH_LOG`` switches.
 
-Imported at start-up only when ``FSDP_AUTOPATCH`` is set (to honour a disabling value), so
-standard library only, and nothing here may raise or print.
+Loaded with the hooks, never at start-up: the start-up module tells the off and force values
+apart itself, and they are defined there. Standard library only; nothing here raises or prints.
 """
 
 import os
 
-MODE_VARIABLE = "FSDP_AUTOPATCH"
+from fsdp_autopatch import FORCE_VALUES, MODE_VARIABLE, OFF_VALUES
+
 LOG_VARIABLE = "FSDP_AUTOPATCH_LOG"
 
 AUTO = "auto"
 OFF = "off"
 FORCE = "force"
 
-# fsdp_autopatch.pth repeats OFF_VALUES so that a disabled interpreter imports nothing of
-# ours; tests/test_startup.py keeps the two in step.
 AUTO_VALUES = ("", "auto", "1", "on", "true")
-OFF_VALUES = ("0", "off", "false", "no", "disable")
-FORCE_VALUES = ("force",)
 LOG_LEVELS = ("debug", "info", "warning")
 
 _SHOWN_VALUE_LIMIT = 40

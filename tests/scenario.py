@@ -1,8 +1,7 @@
 """A user's training process, for the tests: import torch's FSDP2 and transformers in a chosen
 order (or from many threads at once), then run the tiny-model proof of fsdp_autopatch._verify.
 
-    python tests/scenario.py [--order fsdp-first|transformers-first|threads] [--apply|--force]
-                             [model ...]
+    python tests/scenario.py [--order fsdp-first|transformers-first|threads] [model ...]
 
 Prints the proof's JSON lines; runs as one rank, or as every rank under torchrun.
 """
@@ -47,8 +46,6 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--order", choices=("fsdp-first", "transformers-first", "threads"),
                         default="fsdp-first")
-    parser.add_argument("--apply", action="store_true", help="call fsdp_autopatch.apply() afterwards")
-    parser.add_argument("--force", action="store_true", help="call fsdp_autopatch.apply(force=True)")
     parser.add_argument("models", nargs="*")
     options = parser.parse_args()
     if options.order == "threads":
@@ -57,10 +54,6 @@ def main() -> int:
         first, second = (FSDP, TRANSFORMERS) if options.order == "fsdp-first" else (TRANSFORMERS, FSDP)
         importlib.import_module(first)
         importlib.import_module(second)
-    if options.apply or options.force:
-        import fsdp_autopatch
-
-        fsdp_autopatch.apply(force=options.force)
     from fsdp_autopatch import _verify
 
     return _verify.main(options.models)

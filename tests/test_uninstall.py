@@ -12,19 +12,20 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, environment, json_lines, run_python
+from harness import build_wheel, make_venv
 
 # Builds wheels and runs pip: seconds each, so with the slow tests.
 pytestmark = pytest.mark.slow
 
 PIP_TIMEOUT = 600
-# What the wheel is built from (pyproject.toml's wheel target, force-include and readme).
-SOURCES = ("fsdp_autopatch", "fsdp_autopatch.pth", "fsdp_autopatch.start", "pyproject.toml", "README.md")
+# What the wheel is built from (pyproject.toml's wheel target, force-include, readme, license).
+SOURCES = ("fsdp_autopatch", "fsdp_autopatch.pth", "fsdp_autopatch.start", "pyproject.toml", "README.md",
+           "LICENSE")
 
 
 @dataclass(frozen=True)
@@ -35,19 +36,11 @@ class Wheels:
     upgraded_version: str
 
 
-def build_wheel(source: Path, into: Path) -> Path:
-    into.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(into),
-                    str(source)], check=True, timeout=PIP_TIMEOUT, env=environment())
-    (wheel,) = into.glob("fsdp_autopatch-*.whl")
-    return wheel
-
-
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Wheels:
     """This checkout's wheel, and the same code as a later version for the upgrade."""
     work = tmp_path_factory.mktemp("wheels")
-    current = build_wheel(ROOT, work / "current")
+    current = build_wheel(work / "current")
     copy = work / "source"
     copy.mkdir()
     for name in SOURCES:
@@ -63,7 +56,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Wheels:
     version = match.group(1)
     upgraded = f"{version}.post1"
     init.write_text(text.replace(match.group(0), f'__version__ = "{upgraded}"'))
-    return Wheels(current, build_wheel(copy, work / "upgrade"), version, upgraded)
+    return Wheels(current, build_wheel(work / "upgrade", copy), version, upgraded)
 
 
 @dataclass(frozen=True)
@@ -95,10 +88,8 @@ class Environment:
 
 @pytest.fixture
 def target(tmp_path: Path) -> Environment:
-    root = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    paths = sysconfig.get_paths(vars={"base": str(root), "platbase": str(root)})
-    return Environment(root / "bin" / "python", Path(paths["purelib"]), Path(paths["scripts"]))
+    venv = make_venv(tmp_path / "venv")
+    return Environment(venv.python, venv.site, venv.scripts)
 
 
 def ours(site: Path) -> list[str]:
