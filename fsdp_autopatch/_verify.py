@@ -1,11 +1,14 @@
 """The proof, run for real: shard tiny transformers models with FSDP2 on a gloo CPU group.
 
 Run as ``python -m fsdp_autopatch._verify`` in a fresh interpreter (so the ``.pth`` start-up path
-is what patches it), once per rank: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
-come from the environment, as under torchrun. For each model it shards every decoder layer and
-then the root, trains a few steps next to an unsharded copy of the same weights, and prints one
-JSON line (rank 0 only): the class torch built, both losses, or the error. ``fsdp-autopatch
-verify`` reads those lines; the tests call ``shard_and_train`` directly.
+is what patches it), once per rank, under torchrun or alone: ``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT`` come from the environment. For each model it shards every
+decoder layer and then the root, trains a few steps next to an unsharded copy of the same
+weights, and prints one JSON line (rank 0 only): the class torch built, both losses, or the
+error. ``fsdp-autopatch verify`` reads those lines; the tests call ``shard_and_train`` directly.
+
+``grade`` is the one rule that turns those lines into pass or fail, for ``verify`` and for
+``tests/matrix.py`` alike. Importing this module imports nothing beyond the standard library.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 # The three transformers heads that inherit abc.ABC in 4.54.0-4.55.2, and a causal LM of the same
 # family, which never needed the patch and must get torch's own class.
@@ -25,8 +29,14 @@ MODELS = {
     "question-answering": "AutoModelForQuestionAnswering",
     "causal-lm": "AutoModelForCausalLM",
 }
+# The causal LM never needs the patch and always gets torch's own class: whatever it shows is what
+# this torch's FSDP2 does here, and the control every other model is graded against.
+CONTROL = "causal-lm"
 # CPython's words when it refuses the class swap: the bug itself, as torch raises it.
 LAYOUT_ERROR = "object layout differs"
+# Sharded and unsharded copies see the same weights and batches; anything above rounding noise
+# means the sharded model computes something different.
+LOSS_TOLERANCE = 1e-4
 VOCABULARY = 128
 BATCH, SEQUENCE = 2, 8
 STEPS = 2
@@ -149,15 +159,81 @@ def shard_and_train(kind: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
     return result
 
 
+# What one model's run showed. The sharded outcomes go from best to worst.
+TRAINED = "trained"  # every loss matched the unsharded copy's
+DRIFTED = "drifted"  # the first loss matched (same forward pass), a later one did not
+DIVERGED = "diverged"  # the first loss already differed
+UNTRAINED = "untrained"  # sharded, but this torch could not run a train step
+SHARDED_OUTCOMES = (TRAINED, DRIFTED, DIVERGED, UNTRAINED)
+LAYOUT = "layout"  # fully_shard raised the layout error: the bug
+SHARD_FAILED = "shard failed"  # fully_shard raised something else
+ABSENT = "absent"  # no result
+
+
+def outcome(result: Optional[Mapping[str, Any]]) -> str:
+    """One word for a model's result line."""
+    if result is None:
+        return ABSENT
+    if not result.get("sharded"):
+        return LAYOUT if LAYOUT_ERROR in str(result.get("error", "")) else SHARD_FAILED
+    if result.get("trained") is False:
+        return UNTRAINED
+    difference = result.get("max_loss_difference")
+    if not isinstance(difference, (int, float)) or difference <= LOSS_TOLERANCE:
+        return TRAINED
+    losses, reference = result.get("losses") or [None], result.get("reference_losses") or [None]
+    if isinstance(losses[0], (int, float)) and isinstance(reference[0], (int, float)) \
+            and abs(losses[0] - reference[0]) <= LOSS_TOLERANCE:
+        return DRIFTED
+    return DIVERGED
+
+
+@dataclass(frozen=True)
+class Grade:
+    outcomes: dict[str, str]
+    ok: dict[str, bool]
+    control: str  # the control's outcome; ABSENT when it did not run
+
+    @property
+    def failed(self) -> list[str]:
+        return [kind for kind, good in self.ok.items() if not good]
+
+    @property
+    def torch_differs(self) -> bool:
+        """torch's own FSDP2 does not train here as an unsharded copy does: the control itself
+        drifted, diverged or could not train, so no model can do better than that."""
+        return self.control in SHARDED_OUTCOMES and self.control != TRAINED
+
+
+def grade(results: Mapping[str, Mapping[str, Any]]) -> Grade:
+    """Pass or fail per model, judged against the control run alongside.
+
+    A model passes when it sharded and trained at least as well as the control: torch 2.4 and
+    2.5 cannot train FSDP2 on a CPU at all, and torch 2.8 on two gloo ranks updates differently
+    from one process, for torch's own classes too. Without a control, only exact training passes.
+    """
+    outcomes = {kind: outcome(result) for kind, result in results.items()}
+    control = outcomes.get(CONTROL, ABSENT)
+    worst = SHARDED_OUTCOMES.index(control) if control in SHARDED_OUTCOMES else 0
+    tolerated = SHARDED_OUTCOMES[:worst + 1]
+    return Grade(outcomes, {kind: seen in tolerated for kind, seen in outcomes.items()}, control)
+
+
 def json_lines(output: str) -> list[dict[str, Any]]:
     """The JSON objects ``main`` printed one per line, skipping whatever else a rank printed."""
+    # Ranks share one pipe, and two ranks' lines can land on one line ("{...}{...}"), so every
+    # object that starts a line or follows another is read.
+    decoder = json.JSONDecoder()
     objects = []
     for line in output.splitlines():
-        if line.startswith("{"):
+        position = 0
+        while line.startswith("{", position):
             try:
-                objects.append(json.loads(line))
+                found, position = decoder.raw_decode(line, position)
             except ValueError:
-                pass
+                break
+            if isinstance(found, dict):
+                objects.append(found)
     return objects
 
 
@@ -217,8 +293,21 @@ def one_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def cannot_run(problem: str) -> int:
+    """Say why on stderr and as a JSON line (the launcher reads stdout only); exit code 2."""
+    print(json.dumps({"cannot_run": problem}), flush=True)
+    print(f"cannot verify: {problem}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str]) -> int:
-    """Exit 0 after the proof ran (whatever it found), 2 when it cannot run here."""
+    """Exit 0 after the proof ran (whatever it found), 2 when it cannot run here.
+
+    ``--check`` only checks the prerequisites: the launcher asks when torchrun itself failed.
+    """
+    if argv == ["--check"]:
+        problem = missing_prerequisite()
+        return 0 if problem is None else cannot_run(problem)
     kinds = argv or list(MODELS)
     unknown = [kind for kind in kinds if kind not in MODELS]
     if unknown:
@@ -226,8 +315,7 @@ def main(argv: list[str]) -> int:
         return 2
     problem = missing_prerequisite()
     if problem is not None:
-        print(f"cannot verify: {problem}", file=sys.stderr)
-        return 2
+        return cannot_run(problem)
     import torch.distributed as dist
 
     import fsdp_autopatch
@@ -235,9 +323,8 @@ def main(argv: list[str]) -> int:
     try:
         mesh = init_process_group()
     except Exception as error:
-        print(f"cannot verify: the gloo process group did not form ({one_line(error)}); check that "
-              "MASTER_ADDR and MASTER_PORT are reachable from every rank", file=sys.stderr)
-        return 2
+        return cannot_run(f"the gloo process group did not form ({one_line(error)}); check that "
+                          "MASTER_ADDR and MASTER_PORT are reachable from every rank")
     rank = dist.get_rank()
     try:
         if rank == 0:

@@ -2,8 +2,9 @@
 
     python tests/matrix.py --reduced      # CI: torch 2.8.0 + transformers 4.55.2, torch 2.13.0 +
                                           # transformers 4.53.3, 4.54.0, 4.55.3
-    python tests/matrix.py --full         # every torch in TORCH x every transformers in TRANSFORMERS
+    python tests/matrix.py --full --update-readme   # every cell; the README table is the record
     python tests/matrix.py --cells 2.13.0:4.54.0,2.8.0:4.55.2
+    python tests/matrix.py --capture-cli .venv/bin/python --update-readme  # the README's doctor/verify
 
 Standard library only. Each cell gets a fresh venv holding torch, transformers and the package's
 wheel (built once from this checkout), made with uv when it is on PATH (else pip), from one
@@ -11,13 +12,17 @@ download cache shared by all cells; the venv is deleted as soon as its cell is d
 
 1. a probe, unpatched, says which of ``fsdp_autopatch._verify.MODELS`` the transformers release
    can build from a Qwen2 config, and whether each class has ``abc.ABC`` in its MRO;
-2. ``python -m fsdp_autopatch._verify`` runs under torchrun on two gloo CPU ranks, once with
-   ``FSDP_AUTOPATCH=0`` and once in the default mode, so the installed ``.pth`` is what patches.
+2. ``fsdp-autopatch verify --nproc 2 --json`` (the command users run, which starts its ranks with
+   torchrun) runs once with ``FSDP_AUTOPATCH=0`` and once in the default mode, so the installed
+   ``.pth`` is what patches.
 
-What was measured (does the bug reproduce unpatched, did the default mode patch, does a sharded
-train step of each affected head succeed, does the causal LM get upstream's exact class) is
-compared with ``fsdp_autopatch._matrix``. The results go to a JSON file and, as a markdown table,
-between ``<!-- matrix:start -->`` and ``<!-- matrix:end -->`` in README.md. Any cell that
+What was measured (does the bug reproduce unpatched, did the default mode patch, how did each
+model train, graded by the rule ``verify`` itself uses, ``_verify.grade``; does the causal LM get
+upstream's exact class; did ``verify`` exit 0 patched and 1 unpatched where the bug is, 0 both
+ways where it is not) is compared with ``fsdp_autopatch._matrix``. A small JSON file (versions,
+verdicts, timings per cell) goes to a temporary file unless ``--results`` names one; the markdown
+table goes between ``<!-- matrix:start -->`` and ``<!-- matrix:end -->`` in README.md only with
+``--update-readme``. Paths in anything generated are rewritten as ``.venv/...``. Any cell that
 disagrees with the matrix, or could not be run, is one ``MATRIX FAILURE`` line on stderr and makes
 the exit status 1.
 """
@@ -37,11 +42,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness import ROOT, build_wheel, portable_text, replace_readme_section, run_logged, scrubbed_environment
+
 # Cells are judged by the matrix of this checkout, the same code the wheel is built from.
 sys.path.insert(0, str(ROOT))
-from fsdp_autopatch import _config, _matrix  # noqa: E402
-from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines  # noqa: E402
+from fsdp_autopatch import _config, _matrix, _verify
 
 TORCH = ("2.4.1", "2.5.1", "2.8.0", "2.13.0", "2.15.0")
 # 4.53.3: last release before the ABC heads; 4.54.0 and 4.55.2: first and last with them;
@@ -53,10 +58,8 @@ REDUCED = (("2.8.0", "4.55.2"), ("2.13.0", "4.53.3"), ("2.13.0", "4.54.0"), ("2.
 PRUNED: dict[tuple[str, str], str] = {}
 
 AFFECTED_HEADS = ("token-classification", "sequence-classification", "question-answering")
-CAUSAL_LM = "causal-lm"
-# Sharded and unsharded copies train on the same batches from the same weights.
-LOSS_TOLERANCE = 1e-4
 MARKERS = ("<!-- matrix:start -->", "<!-- matrix:end -->")
+CLI_MARKERS = ("<!-- cli:start -->", "<!-- cli:end -->")
 INSTALL_TIMEOUT = 1800
 RUN_TIMEOUT = 900
 
@@ -111,25 +114,13 @@ class Installer:
         return result.stdout.split(" from ")[0].strip()
 
     def run(self, command: list[str], env: dict[str, str]) -> None:
-        with self.log.open("a") as log:
-            log.write(f"$ {' '.join(command)}\n")
-            log.flush()
-            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=INSTALL_TIMEOUT,
-                           check=True)
+        run_logged(command, self.log, env=env, timeout=INSTALL_TIMEOUT)
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["UV_CACHE_DIR" if self.uv else "PIP_CACHE_DIR"] = str(self.cache)
-        return env
+        return scrubbed_environment(**{"UV_CACHE_DIR" if self.uv else "PIP_CACHE_DIR": str(self.cache)})
 
     def build_wheel(self, out: Path) -> Path:
-        if self.uv:
-            self.run([self.uv, "build", "--wheel", "--out-dir", str(out), str(ROOT)], self.environment())
-        else:
-            self.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), str(ROOT)],
-                     self.environment())
-        (wheel,) = out.glob("fsdp_autopatch-*.whl")
-        return wheel
+        return build_wheel(out, uv=self.uv, log=self.log)
 
     def create(self, venv: Path, requirements: list[str]) -> Path:
         python = venv / "bin" / "python"
@@ -143,7 +134,7 @@ class Installer:
         install = [str(python), "-m", "pip", "install", "--disable-pip-version-check", *requirements]
         try:
             self.run(install, env)
-        except subprocess.CalledProcessError:
+        except RuntimeError:
             # A machine-wide pip configuration may cap torch (a constraints file); retry without it.
             self.run(install, {**env, "PIP_CONFIG_FILE": os.devnull})
         return python
@@ -166,38 +157,40 @@ def pip_find_links() -> list[str]:
     return links
 
 
-def cell_environment(**overrides: str) -> dict[str, str]:
-    """The runner's environment without this package's switches or PYTHONPATH, plus ``overrides``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FSDP_AUTOPATCH")}
-    env.pop("PYTHONPATH", None)
-    env.update(overrides)
-    return env
-
-
-def run_in_cell(command: list[str], env: dict[str, str], cwd: Path) -> list[dict[str, Any]]:
-    """Run ``command`` in the cell; its JSON lines, or RuntimeError with the end of its stderr."""
+def run_in_cell(command: list[str], env: dict[str, str], cwd: Path,
+                codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` in the cell; RuntimeError with the end of its stderr on another exit code."""
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd,
                             timeout=RUN_TIMEOUT, check=False)
-    if result.returncode != 0:
+    if result.returncode not in codes:
         raise RuntimeError(f"{' '.join(command[1:])} exited {result.returncode}: {result.stderr[-3000:]}")
-    return json_lines(result.stdout)
+    return result
 
 
 def verify(python: Path, kinds: list[str], cwd: Path, **env: str) -> dict[str, Any]:
-    """``python -m fsdp_autopatch._verify`` on two gloo ranks; its status and per-model results."""
-    command = [str(python), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "fsdp_autopatch._verify", *kinds]
-    retried = None
+    """``fsdp-autopatch verify --nproc 2 --json`` in the cell: its JSON document."""
+    command = [str(python), "-m", "fsdp_autopatch", "verify", "--nproc", "2", "--json",
+               "--timeout", str(RUN_TIMEOUT - 60), *(word for kind in kinds for word in ("--model", kind))]
+
+    def attempt() -> dict[str, Any]:
+        # 1: a model failed, which is what the unpatched run is for; 2: it could not run.
+        result = run_in_cell(command, scrubbed_environment(**env), cwd, codes=(0, 1))
+        documents = _verify.json_lines(result.stdout)
+        if len(documents) != 1 or documents[0].get("exit_code") != result.returncode:
+            raise RuntimeError(f"verify printed no JSON document for exit code {result.returncode}: "
+                               f"{result.stdout[-1000:]} {result.stderr[-2000:]}")
+        return documents[0]
+
     try:
-        lines = run_in_cell(command, cell_environment(**env), cwd)
+        document = attempt()
+        document["first_attempt_failed"] = None
     except RuntimeError as error:
         # Once, a rank was SIGKILLed from outside on a busy machine; a real failure repeats.
-        retried = str(error)[-1000:]
-        lines = run_in_cell(command, cell_environment(**env), cwd)
-    if not lines or "status" not in lines[0]:
-        raise RuntimeError(f"_verify printed no status line: {lines}")
-    return {"status": lines[0]["status"], "models": {line["model"]: line for line in lines[1:]},
-            "first_attempt_failed": retried}
+        document = attempt()
+        document["first_attempt_failed"] = str(error)[-1000:]
+    if not document.get("status"):
+        raise RuntimeError(f"verify ran no model: {document.get('verdict')}")
+    return document
 
 
 def run_cell(cell: Cell, installer: Installer, wheel: Path, work: Path, keep: bool) -> dict[str, Any]:
@@ -211,19 +204,20 @@ def run_cell(cell: Cell, installer: Installer, wheel: Path, work: Path, keep: bo
                                          str(wheel)])
         record["install_seconds"] = round(time.monotonic() - started, 1)
         # Away from the checkout, so that the installed package is the one imported.
-        (probe,) = run_in_cell([str(python), "-c", PROBE], cell_environment(FSDP_AUTOPATCH="0"), venv)
-        record.update(probe)
-        kinds = [kind for kind, model in probe["models"].items() if model["available"]]
+        probe = run_in_cell([str(python), "-c", PROBE], scrubbed_environment(FSDP_AUTOPATCH="0"), venv)
+        (found,) = _verify.json_lines(probe.stdout)
+        record.update(found)
+        kinds = [kind for kind, model in found["models"].items() if model["available"]]
         if kinds:
             record["unpatched"] = verify(python, kinds, venv, FSDP_AUTOPATCH="0")
             record["patched"] = verify(python, kinds, venv)
         else:
             # Installed together, but this transformers builds no model on this torch (5.x refuses
             # torch < 2.6): there is nothing to shard, patched or not.
-            errors = [model["error"] for model in probe["models"].values()]
+            errors = [model["error"] for model in found["models"].values()]
             record["unusable"] = next((line.strip() for line in errors[0].splitlines()[1:] if line.strip()),
                                       errors[0])
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, RuntimeError, ValueError) as error:
+    except (subprocess.TimeoutExpired, RuntimeError, ValueError) as error:
         record["error"] = f"{type(error).__name__}: {error}"
     finally:
         if not keep:
@@ -232,21 +226,8 @@ def run_cell(cell: Cell, installer: Installer, wheel: Path, work: Path, keep: bo
     return record
 
 
-def head_outcome(result: Optional[dict[str, Any]]) -> str:
-    """One word for a model's run: trained, drifted, diverged, sharded (no train step possible),
-    layout (the bug), failed, absent."""
-    if result is None:
-        return "absent"
-    if not result.get("sharded"):
-        return "layout" if LAYOUT_ERROR in result.get("error", "") else "failed"
-    if not result.get("trained", "losses" in result):
-        return "sharded"
-    if result["max_loss_difference"] <= LOSS_TOLERANCE:
-        return "trained"
-    # The first loss is computed before any gradient is reduced across ranks: if it matches, the
-    # sharded model computes what the unsharded one does, and only the update differs.
-    first_difference = abs(result["losses"][0] - result["reference_losses"][0])
-    return "drifted" if first_difference <= LOSS_TOLERANCE else "diverged"
+def by_model(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {result["model"]: result for result in document["models"]}
 
 
 def judge(record: dict[str, Any]) -> dict[str, Any]:
@@ -259,16 +240,16 @@ def judge(record: dict[str, Any]) -> dict[str, Any]:
         return {"problems": [f"the matrix says transformers {record['transformers']} is affected, "
                              f"but it builds no model here: {record['unusable']}"] if affected else []}
     torch_version, transformers_version = record["torch"], record["transformers"]
-    decision = _matrix.decide(_config.AUTO, torch_version, transformers_version)
-    torch_row = _matrix.row_for(_matrix.TORCH_ROWS, torch_version)
+    decision = _matrix.decide(_config.AUTO, torch_version, transformers_version, python=record["python"])
     transformers_row = _matrix.row_for(_matrix.TRANSFORMERS_ROWS, transformers_version)
-    expected_bug = bool(torch_row and torch_row.affected and transformers_row and transformers_row.affected)
+    expected_bug = decision.in_matrix is True
     unpatched, patched = record["unpatched"], record["patched"]
+    unpatched_models, patched_models = by_model(unpatched), by_model(patched)
     models = record["models"]
     heads = [kind for kind in AFFECTED_HEADS if models[kind]["available"]]
     problems = []
 
-    bug = any(head_outcome(unpatched["models"].get(kind)) == "layout" for kind in heads)
+    bug = any(_verify.outcome(unpatched_models.get(kind)) == _verify.LAYOUT for kind in heads)
     if bug != expected_bug:
         problems.append(f"bug unpatched: measured {bug}, matrix says {expected_bug}")
     applied = bool(patched["status"]["applied"])
@@ -284,35 +265,49 @@ def judge(record: dict[str, Any]) -> dict[str, Any]:
             problems.append(f"{kind}: abc.ABC in MRO is {models[kind]['abc_in_mro']}, the matrix row says "
                             f"{bool(transformers_row and transformers_row.affected)}")
 
-    # The causal LM never needs the patch: it is the control for what torch can do on this machine.
-    # torch 2.4 cannot train FSDP2 on CPU at all ("sharded"), and on torch 2.8 two gloo ranks
-    # update differently from one process ("drifted"): whatever the control does, the patched
-    # models may do too, and nothing worse.
-    control = head_outcome(unpatched["models"].get(CAUSAL_LM))
-    can_train = control in ("trained", "drifted")
-    if control not in ("trained", "drifted", "sharded"):
-        problems.append(f"causal LM unpatched: {control}")
-    outcomes = {kind: head_outcome(patched["models"].get(kind)) for kind in heads}
-    heads_should_work = not expected_bug or decision.apply
-    good = {"trained", control} if control in ("drifted", "sharded") else {"trained"}
-    if heads_should_work:
+    # The one rule verify uses: every model is graded against the causal LM of the same run,
+    # which the patch never touches (torch 2.4/2.5 cannot train FSDP2 on a CPU, torch 2.8 drifts
+    # on two gloo ranks: so does torch's own class, and nothing worse is accepted).
+    grade = _verify.grade(patched_models)
+    control_unpatched = _verify.outcome(unpatched_models.get(_verify.CONTROL))
+    if control_unpatched not in _verify.SHARDED_OUTCOMES:
+        problems.append(f"causal LM unpatched: {control_unpatched}")
+    outcomes = {kind: grade.outcomes.get(kind, _verify.ABSENT) for kind in heads}
+    if not expected_bug or decision.apply:
         problems += [f"{kind} patched: {outcome}" for kind, outcome in outcomes.items()
-                     if outcome not in good]
-
-    causal = patched["models"].get(CAUSAL_LM, {})
-    same_class = (causal.get("sharded") and causal.get("upstream_bases") is True
-                  and causal.get("wrapper") == unpatched["models"].get(CAUSAL_LM, {}).get("wrapper"))
+                     if not grade.ok.get(kind)]
+    causal = patched_models.get(_verify.CONTROL, {})
+    same_class = bool(causal.get("sharded") and causal.get("upstream_bases") is True
+                      and causal.get("wrapper") == unpatched_models.get(_verify.CONTROL, {}).get("wrapper"))
     if not same_class:
         problems.append("causal LM patched: not upstream's exact class")
-    if head_outcome(causal) not in good:
-        problems.append(f"causal LM patched: {head_outcome(causal)}")
+
+    # verify's own exit codes: 1 means the layout bug is here and not fixed, and nothing else.
+    exit_codes = {"patched": patched["exit_code"], "unpatched": unpatched["exit_code"]}
+    expected_codes = {"patched": 0, "unpatched": 1 if bug else 0}
+    if exit_codes != expected_codes:
+        problems.append(f"verify exit codes (patched, unpatched): {exit_codes['patched']}, "
+                        f"{exit_codes['unpatched']}; expected {expected_codes['patched']}, "
+                        f"{expected_codes['unpatched']}: {patched['verdict']} / {unpatched['verdict']}")
     return {
         "expected_bug": expected_bug, "expected_apply": decision.apply, "decision": decision.reason,
-        "bug_unpatched": bug, "applied": applied, "heads": outcomes, "control": control,
-        "train_step_possible": can_train,
-        "train_error": None if can_train else unpatched["models"].get(CAUSAL_LM, {}).get("train_error"),
-        "causal_lm_upstream_class": bool(same_class), "problems": problems,
+        "bug_unpatched": bug, "applied": applied, "decided_by": patched["status"].get("decided_by"),
+        "sites": list(patched["status"].get("sites") or ()), "heads": outcomes, "control": grade.control,
+        "train_error": causal.get("train_error") if grade.control == _verify.UNTRAINED else None,
+        "torch_warning": patched.get("warning"), "verify_exit_codes": exit_codes,
+        "causal_lm_upstream_class": same_class, "problems": problems,
     }
+
+
+def summary(record: dict[str, Any]) -> dict[str, Any]:
+    """What the results file keeps of a cell: versions, verdicts, timings."""
+    kept = {key: record[key] for key in ("torch_requested", "transformers_requested", "python", "torch",
+                                          "transformers", "install_seconds", "seconds", "pruned", "unusable",
+                                          "error", "verdict") if key in record}
+    for run in ("unpatched", "patched"):
+        if run in record:
+            kept[f"{run}_retried"] = record[run]["first_attempt_failed"] is not None
+    return json.loads(portable_text(json.dumps(kept)))
 
 
 def yes_no(value: bool) -> str:
@@ -322,32 +317,32 @@ def yes_no(value: bool) -> str:
 def table_row(record: dict[str, Any]) -> str:
     torch_version, transformers_version = record["torch_requested"], record["transformers_requested"]
     if "pruned" in record:
-        return f"| {torch_version} | {transformers_version} | pruned: {record['pruned']} | | | | |"
+        return f"| {torch_version} | {transformers_version} | pruned: {record['pruned']} | | | | | |"
     verdict = record["verdict"]
     cell = f"{torch_version} | {transformers_version}"
     if "unusable" in record:
-        return f"| {cell} | not usable together: {record['unusable']} | | | | n/a |"
+        return f"| {cell} | not usable together: {record['unusable']} | | | | | n/a |"
     if "error" in record:
-        return f"| {cell} | not run | | | | **NO**: {verdict['problems'][0]} |"
+        return f"| {cell} | not run | | | | | **NO**: {verdict['problems'][0]} |"
     heads = verdict["heads"]
     if not heads:
-        head_text = "none built (" + ", ".join(
-            f"{kind}: {model['error'].split(':')[0]}" for kind, model in record["models"].items()
-            if not model["available"]) + ")"
+        head_text = "none built"
     else:
         outcomes = list(heads.values())
         head_text = ", ".join(f"{outcomes.count(outcome)}/{len(heads)} {outcome}"
                               for outcome in sorted(set(outcomes)))
-        if not verdict["train_step_possible"]:
+        if verdict["control"] == _verify.UNTRAINED:
             head_text += " (no train step possible on CPU: " + str(verdict["train_error"])[:60] + ")"
-        elif verdict["control"] == "drifted":
-            head_text += " (the unpatched causal LM drifts alike)"
+        elif verdict["control"] in (_verify.DRIFTED, _verify.DIVERGED):
+            head_text += f" (the causal LM {verdict['control']} alike)"
     applied = yes_no(verdict["applied"])
     if verdict["applied"]:
-        applied += f" ({', '.join(site.rsplit('.', 1)[-1] for site in record['patched']['status']['sites'])})"
+        applied += f" ({', '.join(site.rsplit('.', 1)[-1] for site in verdict['sites'])})"
+    codes = verdict["verify_exit_codes"]
     agrees = "yes" if not verdict["problems"] else "**NO**: " + "; ".join(verdict["problems"])
     return (f"| {torch_version} | {transformers_version} | {yes_no(verdict['bug_unpatched'])} | {applied} "
-            f"| {head_text} | {yes_no(verdict['causal_lm_upstream_class'])} | {agrees} |")
+            f"| {head_text} | {yes_no(verdict['causal_lm_upstream_class'])} "
+            f"| {codes['patched']} / {codes['unpatched']} | {agrees} |")
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -357,27 +352,34 @@ def markdown(results: dict[str, Any]) -> str:
         f"in {results['seconds'] / 60:.0f} min. Do not edit by hand.",
         "",
         "| torch | transformers | bug unpatched | default mode patched (site) | affected heads, patched "
-        "| causal LM gets upstream's class | agrees with `_matrix` |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| causal LM gets upstream's class | `verify` exit, patched / unpatched | agrees with `_matrix` |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     lines += [table_row(record) for record in results["cells"]]
-    lines += ["", "Heads: `trained` = two sharded train steps on 2 gloo ranks matched an unsharded "
-              "copy's losses; `drifted` = the first loss matched, the second did not, as for the "
-              "unpatched causal LM on the same torch; `sharded` = `fully_shard` succeeded but this torch "
-              "cannot train FSDP2 on CPU (no model can); `layout` = the `__class__` assignment error."]
-    return "\n".join(lines)
+    lines += ["", "Heads, graded as `fsdp-autopatch verify` grades them on 2 gloo ranks, against the "
+              "causal LM of the same run: `trained` = two sharded train steps matched an unsharded "
+              "copy's losses; `drifted` = the first loss matched, the second did not; `untrained` = "
+              "`fully_shard` succeeded but this torch cannot train FSDP2 on CPU; `layout` = the "
+              "`__class__` assignment error. A head passes when it does as well as the causal LM, "
+              "which the patch never touches."]
+    return portable_text("\n".join(lines))
 
 
-def write_readme(table: str) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text() if readme.is_file() else ""
-    start, end = MARKERS
-    if start not in text or end not in text or text.index(start) > text.index(end):
-        print(f"README.md has no {start} ... {end} markers: table not written there", file=sys.stderr)
-        return
-    before, rest = text.split(start, 1)
-    after = rest.split(end, 1)[1]
-    readme.write_text(f"{before}{start}\n{table}\n{end}{after}")
+def capture_cli(python: str) -> str:
+    """``fsdp-autopatch doctor``, ``verify`` and ``FSDP_AUTOPATCH=0 verify`` run with ``python``,
+    as the README shows them: the command, its output as a terminal shows it (progress and
+    warnings on stderr, the table and the verdict on stdout), the exit code, every path portable."""
+    shown = []
+    for prefix, command, env in (("", "doctor", {}), ("", "verify", {}),
+                                 ("FSDP_AUTOPATCH=0 ", "verify", {"FSDP_AUTOPATCH": "0"})):
+        # One pipe for both streams: the console flushes every line, so they keep their order.
+        result = subprocess.run([python, "-m", "fsdp_autopatch", command], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, cwd=Path(python).parent,
+                                env=scrubbed_environment(NO_COLOR="1", **env), timeout=RUN_TIMEOUT,
+                                check=False)
+        exit_line = f"[exit {result.returncode}]\n" if command == "verify" else ""
+        shown.append(f"$ {prefix}fsdp-autopatch {command}\n{result.stdout}{exit_line}")
+    return portable_text("```text\n" + "\n".join(shown) + "```")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -388,14 +390,28 @@ def main(argv: Optional[list[str]] = None) -> int:
     which.add_argument("--full", action="store_true",
                        help=f"{len(TORCH)} torch x {len(TRANSFORMERS)} transformers releases")
     which.add_argument("--cells", type=parse_cells, help="TORCH:TRANSFORMERS[,...]")
+    which.add_argument("--capture-cli", metavar="PYTHON",
+                       help="run doctor, verify and FSDP_AUTOPATCH=0 verify with this Python (an environment "
+                            "with the package installed) and print them as the README shows them")
     parser.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     parser.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "fsdp-autopatch-matrix",
                         help="download cache shared by all cells, kept between runs (default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, help="where venvs are made (default: a new temporary dir)")
-    parser.add_argument("--results", type=Path, default=ROOT / "tests" / "matrix-results.json")
-    parser.add_argument("--no-readme", action="store_true", help="do not write the table into README.md")
+    parser.add_argument("--results", type=Path,
+                        help="write the per-cell results (JSON) here (default: a new temporary file)")
+    parser.add_argument("--update-readme", action="store_true",
+                        help="write the table (or the --capture-cli output) into README.md, between "
+                             "its markers")
+    # The default now; accepted so that older CI scripts keep working.
+    parser.add_argument("--no-readme", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--keep-venvs", action="store_true", help="keep each cell's venv (for debugging)")
     options = parser.parse_args(argv)
+    if options.capture_cli:
+        captured = capture_cli(options.capture_cli)
+        if options.update_readme:
+            replace_readme_section(*CLI_MARKERS, captured)
+        print(captured)
+        return 0
     if options.full:
         cells = [(t, x) for t in TORCH for x in TRANSFORMERS]
     elif options.reduced:
@@ -421,7 +437,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             continue
         record = run_cell(cell, installer, wheel, work, options.keep_venvs)
         record["verdict"] = judge(record)
-        records.append(record)
+        records.append(summary(record))
         problems = record["verdict"]["problems"]
         verdict = "agrees" if not problems else "DISAGREES: " + "; ".join(problems)
         print(f"[{number}/{len(cells)}] torch {cell[0]} + transformers {cell[1]} "
@@ -436,10 +452,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         "installer": installer.version(), "seconds": round(time.monotonic() - started, 1), "cells": records,
     }
     table = markdown(results)
-    results["table"] = table
+    if options.results is None:
+        handle, name = tempfile.mkstemp(prefix="fsdp-autopatch-matrix-", suffix=".json")
+        os.close(handle)
+        options.results = Path(name)
     options.results.write_text(json.dumps(results, indent=1) + "\n")
-    if not options.no_readme:
-        write_readme(table)
+    if options.update_readme and not options.no_readme:
+        replace_readme_section(*MARKERS, table)
     print(table)
     failures = [r for r in records if r.get("verdict", {}).get("problems")]
     for record in failures:

@@ -1,0 +1,351 @@
+"""``fsdp-autopatch verify``, the parent side: launch the ranks with torchrun, follow rank 0, judge.
+
+The ranks run ``python -m fsdp_autopatch._verify`` under ``python -m torch.distributed.run`` with
+this very interpreter, so the installed start-up file patches each of them exactly as it patches
+a training process. This process never imports torch: it reads rank 0's JSON lines, grades them
+with ``_verify.grade`` and prints a table and one verdict line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import util
+from pathlib import Path
+from typing import IO, Any, Iterator, Optional
+
+import fsdp_autopatch
+from fsdp_autopatch import _config, _verify
+from fsdp_autopatch._cli import (
+    EXIT_BROKEN,
+    EXIT_CANNOT_RUN,
+    EXIT_OK,
+    PACKAGES,
+    PROG,
+    Console,
+    installed_version,
+)
+
+DEFAULT_TIMEOUT = 300.0
+# torchrun starts every rank in a session of its own, so only torchrun can stop them: on SIGTERM
+# it stops its ranks, waiting up to 30 s for them before it kills them. It is killed itself only
+# after that.
+STOP_GRACE_SECONDS = 40.0
+
+# What a model's outcome is called in the table, when it counts (True) and when it does not.
+SHOWN = {
+    _verify.TRAINED: {True: "sharded"},
+    _verify.DRIFTED: {True: "sharded", False: "loss mismatch"},
+    _verify.DIVERGED: {True: "sharded", False: "loss mismatch"},
+    _verify.UNTRAINED: {True: "sharded only", False: "train failed"},
+    _verify.LAYOUT: {False: "layout error"},
+    _verify.SHARD_FAILED: {False: "shard failed"},
+}
+# torchrun's summary of the first rank that failed (the same template in torch 2.4 - 2.15).
+ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
+
+
+@dataclass
+class VerifyRun:
+    nproc: int
+    models: list[str]
+    started: float = field(default_factory=time.monotonic)
+    status: Optional[dict[str, Any]] = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    timed_out: bool = False
+    cannot_run: Optional[str] = None
+    crash: Optional[str] = None
+
+    def grade(self) -> _verify.Grade:
+        return _verify.grade({result["model"]: result for result in self.results})
+
+    def shown(self, result: dict[str, Any], grade: _verify.Grade) -> tuple[str, bool]:
+        good = grade.ok[result["model"]]
+        return SHOWN[grade.outcomes[result["model"]]][good], good
+
+
+def models_to_run(requested: Optional[list[str]]) -> list[str]:
+    """The models asked for, and the causal LM: without the control, a loss that differs could
+    be torch's own doing or the patch's, and verify would have to guess."""
+    models = list(dict.fromkeys(requested or _verify.MODELS))
+    return models if _verify.CONTROL in models else [*models, _verify.CONTROL]
+
+
+def run_verify(options: argparse.Namespace, console: Console) -> int:
+    run = VerifyRun(nproc=options.nproc, models=models_to_run(options.model))
+    mode = _config.mode_from_environment()
+    if mode.problem:
+        console.warning(mode.problem)
+    missing = [name for name in PACKAGES if util.find_spec(name) is None]
+    if missing:
+        run.cannot_run = (f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                          f"installed for {sys.executable}; install torch and transformers into "
+                          "this environment")
+    else:
+        ranks_word = "rank" if options.nproc == 1 else "ranks"
+        console.progress(f"{PROG} verify: {options.nproc} {ranks_word} of {sys.executable} -m "
+                         f"fsdp_autopatch._verify under torch.distributed.run, gloo on CPU (torch "
+                         f"{installed_version('torch')}, transformers {installed_version('transformers')})")
+        launch_and_follow(run, options.timeout, console)
+    code, verdict = verify_verdict(run, options.timeout)
+    warning = torch_warning(run)
+    if options.json:
+        print(json.dumps(verify_document(run, code, verdict, warning)), file=console.out)
+    else:
+        show_table(run, console)
+        if warning:
+            console.warning(warning)
+        console.verdict(verdict, "green" if code == EXIT_OK else "red")
+    return code
+
+
+def launch_and_follow(run: VerifyRun, timeout: float, console: Console) -> None:
+    with tempfile.TemporaryDirectory(prefix="fsdp-autopatch-verify-") as logs, \
+            tempfile.TemporaryFile() as launcher_stderr, termination_raises():
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", str(run.nproc),
+                   # Each rank's stderr to its own file, for the last line of one that fails.
+                   "--log-dir", logs, "--redirects", "2",
+                   "-m", "fsdp_autopatch._verify", *run.models]
+        launcher = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=launcher_stderr)
+        try:
+            follow(run, launcher, timeout, console)
+        finally:  # Ctrl-C and SIGTERM included: no rank outlives the command
+            stop(launcher)
+            assert launcher.stdout is not None
+            launcher.stdout.close()
+        if not run.timed_out and launcher.returncode != 0 and run.cannot_run is None:
+            launcher_stderr.seek(0)
+            explain_failure(run, launcher.returncode,
+                            launcher_stderr.read().decode(errors="replace"), Path(logs))
+
+
+def follow(run: VerifyRun, launcher: subprocess.Popen, timeout: float, console: Console) -> None:  # type: ignore[type-arg]
+    """Take rank 0's JSON lines as they arrive, until torchrun is done or the time is up."""
+    lines: queue.Queue[Optional[str]] = queue.Queue()
+    reader = threading.Thread(target=read_lines, args=(launcher.stdout, lines), daemon=True)
+    reader.start()
+    deadline = run.started + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            run.timed_out = True
+            return
+        try:
+            line = lines.get(timeout=min(remaining, 0.5))
+        except queue.Empty:
+            continue
+        if line is None:  # torchrun and every rank have closed stdout
+            break
+        take_line(run, line, console)
+    try:
+        launcher.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        run.timed_out = True
+
+
+def read_lines(stream: IO[bytes], lines: queue.Queue[Optional[str]]) -> None:
+    for raw in iter(stream.readline, b""):
+        lines.put(raw.decode(errors="replace"))
+    lines.put(None)
+
+
+def stop(launcher: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    if launcher.poll() is not None:
+        return
+    launcher.terminate()
+    try:
+        launcher.wait(timeout=STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait()
+
+
+@contextlib.contextmanager
+def termination_raises() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP (a cancelled CI job, a closed terminal) into SystemExit, so that
+    torchrun is stopped. Measured: with verify killed on its own, torchrun and both of its ranks
+    ran on to the end; with this, none was left 6 s after the SIGTERM."""
+    names = [name for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers
+        return
+    previous = {name: signal.signal(getattr(signal, name), raise_system_exit) for name in names}
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+
+
+def raise_system_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def take_line(run: VerifyRun, line: str, console: Console) -> None:
+    (record,) = _verify.json_lines(line) or [None]
+    if record is None:
+        return
+    if "cannot_run" in record and run.cannot_run is None:
+        run.cannot_run = str(record["cannot_run"])
+    elif "status" in record and run.status is None:
+        run.status = record["status"]
+        applied = "applied" if run.status.get("applied") else "not applied"
+        console.progress(f"patch {applied}: {run.status.get('reason')}")
+    elif "model" in record:
+        run.results.append(record)
+        # Graded against the control only at the end: it runs last.
+        seen = _verify.outcome(record)
+        word = SHOWN[seen].get(True, SHOWN[seen].get(False, seen))
+        shown = console.paint(word, "green" if seen in _verify.SHARDED_OUTCOMES else "red", on_err=True)
+        console.progress(f"[{len(run.results)}/{len(run.models)}] {record['model']}: {shown} "
+                         f"({record.get('seconds') or 0.0:.1f} s)")
+
+
+def explain_failure(run: VerifyRun, code: int, launcher_stderr: str, logs: Path) -> None:
+    """Why torchrun failed: this interpreter cannot run the proof, or a rank crashed."""
+    if run.status is None:
+        # No rank got as far as the models: torchrun itself may be missing (a torch built
+        # without torch.distributed). Only now is the price of a separate check worth paying.
+        check = subprocess.run([sys.executable, "-m", "fsdp_autopatch._verify", "--check"],
+                               capture_output=True, text=True, check=False)
+        (problem,) = [line["cannot_run"] for line in _verify.json_lines(check.stdout)][:1] or [None]
+        if problem is not None:
+            run.cannot_run = problem
+            return
+    during = (f" during {run.models[len(run.results)]}" if run.status is not None
+              and len(run.results) < len(run.models) else "")
+    cause = ROOT_CAUSE.search(launcher_stderr)
+    if cause is None:
+        run.crash = (f"torch.distributed.run exited with code {code}{during}: "
+                     f"{last_line(launcher_stderr, 'it printed nothing on stderr')}; report it with "
+                     f"the output of: {PROG} doctor --json")
+        return
+    rank, rank_code = int(cause.group(1)), int(cause.group(2))
+    if rank_code < 0:
+        number = -rank_code
+        name = signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        run.crash = (f"rank {rank} was killed by {name}{hint}{during}; rerun it, with less else "
+                     "running on the machine")
+        return
+    stderr = "".join(path.read_text(errors="replace") for path in logs.rglob(f"{rank}/stderr.log"))
+    run.crash = (f"rank {rank} exited with code {rank_code}{during}: "
+                 f"{last_line(stderr, f'rank {rank} printed nothing on stderr')}; report it with the "
+                 f"output of: {PROG} doctor --json")
+
+
+def last_line(text: str, otherwise: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else otherwise
+
+
+def verify_verdict(run: VerifyRun, timeout: float) -> tuple[int, str]:
+    """The exit code and the one line that says what happened and what to do."""
+    if run.cannot_run:
+        return EXIT_CANNOT_RUN, f"cannot verify: {run.cannot_run}"
+    if run.timed_out:
+        return EXIT_CANNOT_RUN, (f"cannot verify: not finished within {timeout:g} s "
+                                 f"({len(run.results)} of {len(run.models)} models done); "
+                                 "rerun with a larger --timeout on a less loaded machine")
+    if run.crash and run.status is None:
+        return EXIT_CANNOT_RUN, f"cannot verify: {run.crash}"
+    grade = run.grade()
+    failed = [result for result in run.results if not grade.ok[result["model"]]]
+    status = run.status or {}
+    if failed:
+        first = failed[0]
+        what = (first.get("error") or first.get("train_error")
+                or f"losses differ by {first.get('max_loss_difference')}")
+        head = f"FAIL: {len(failed)} of {len(run.models)} models cannot be used with FSDP2 ({what})"
+        if status.get("applied"):
+            return EXIT_BROKEN, (f"{head}, although the patch was applied; please report it with "
+                                 f"the output of: {PROG} doctor --json")
+        return EXIT_BROKEN, f"{head}; the patch was not applied: {status.get('reason')}; {remedy(status)}"
+    if run.crash or len(run.results) < len(run.models):
+        return EXIT_BROKEN, f"FAIL: {run.crash or 'rank 0 stopped before every model was done'}"
+    done = f"{len(run.results)} of {len(run.models)} models sharded with FSDP2 and trained"
+    if grade.control == _verify.UNTRAINED:
+        done = (f"{len(run.results)} of {len(run.models)} models sharded with FSDP2, none could "
+                f"train in this torch ({control_result(run).get('train_error')})")
+    if status.get("applied"):
+        return EXIT_OK, (f"OK: {done}; the patch was applied at start-up, as it will be in training "
+                         f"processes of this Python (torch {status.get('torch')} with transformers "
+                         f"{status.get('transformers')} has the bug)")
+    return EXIT_OK, f"OK: {done}; no patch was needed: {status.get('reason')}"
+
+
+def torch_warning(run: VerifyRun) -> Optional[str]:
+    """One line when torch's own classes do not train as an unsharded copy does here: that is
+    torch's behaviour, graded against but never blamed on the patch."""
+    grade = run.grade()
+    if grade.control not in (_verify.DRIFTED, _verify.DIVERGED) or run.cannot_run or run.timed_out:
+        return None
+    torch = (run.status or {}).get("torch") or installed_version("torch")
+    return (f"warning: torch {torch}'s FSDP2 on {run.nproc} gloo CPU rank{'s' * (run.nproc > 1)} "
+            f"trains differently from an unsharded copy even for the causal LM, which the patch never "
+            f"touches (losses differ by {control_result(run).get('max_loss_difference'):.2g}); this is "
+            "torch's own behaviour, not the layout bug, and does not decide the exit code")
+
+
+def control_result(run: VerifyRun) -> dict[str, Any]:
+    return next((result for result in run.results if result["model"] == _verify.CONTROL), {})
+
+
+def remedy(status: dict[str, Any]) -> str:
+    if status.get("mode") == _config.OFF:
+        return f"unset {_config.MODE_VARIABLE} to let the patch run"
+    return f"see why with: {PROG} doctor"
+
+
+def show_table(run: VerifyRun, console: Console) -> None:
+    if run.status is None:  # no rank got as far as the models
+        return
+    grade = run.grade()
+    width = max(len("model"), *(len(name) for name in run.models))
+    console.detail(console.paint(f"{'model':<{width}}  {'result':<13}  {'seconds':>7}", "bold"))
+    done = {result["model"]: result for result in run.results}
+    for name in run.models:
+        if name in done:
+            shown, good = run.shown(done[name], grade)
+            seconds = f"{done[name].get('seconds', 0.0):7.2f}"
+        else:
+            shown, good, seconds = "not run", False, f"{'-':>7}"
+        console.detail(f"{name:<{width}}  {console.paint(f'{shown:<13}', 'green' if good else 'red')}"
+                       f"  {seconds}")
+
+
+def verify_document(run: VerifyRun, code: int, verdict: str, warning: Optional[str]) -> dict[str, Any]:
+    grade = run.grade()
+    return {
+        "exit_code": code,
+        "ok": code == EXIT_OK,
+        "verdict": verdict,
+        "warning": warning,
+        "version": fsdp_autopatch.__version__,
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "torch": installed_version("torch"),
+        "transformers": installed_version("transformers"),
+        "nproc": run.nproc,
+        "status": run.status,
+        "models": [
+            dict(result, result=run.shown(result, grade)[0], outcome=grade.outcomes[result["model"]],
+                 ok=grade.ok[result["model"]])
+            for result in run.results
+        ],
+        "timed_out": run.timed_out,
+        "seconds": round(time.monotonic() - run.started, 2),
+    }
