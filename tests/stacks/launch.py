@@ -106,3 +106,16 @@ def describe_without(run: Run) -> str:
     if run.layout_error:
         return "fails: `object layout differs`"
     return "fails: " + (run.error or "?") if run.error else "works (no bug here)"
+
+
+def assert_reward_model_sharded_by_accelerate(result: dict[str, Any]) -> None:
+    """accelerate's FSDP2 path ran (its state says FSDP, not the DDP it falls back to on a CPU)
+    and made the reward model and its decoder layers FSDP units."""
+    expected = {
+        "distributed_type": "DistributedType.FSDP",
+        "sharded": True,
+        "wrapper": {"name": "FSDPQwen2ForSequenceClassification", "is_fsdp_module": True},
+        "layer_wrapper": "FSDPQwen2DecoderLayer",
+    }
+    found = {key: result.get(key) for key in expected}
+    assert found == expected, f"accelerate did not shard the reward model with FSDP2: {found}"

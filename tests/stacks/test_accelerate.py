@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stacks.conftest import Claim
-from stacks.launch import Run, describe_without, with_and_without
+from stacks.launch import Run, assert_reward_model_sharded_by_accelerate, describe_without, with_and_without
 
 pytestmark = [pytest.mark.stacks, pytest.mark.slow]
 TOLERANCE = 1e-5
@@ -23,10 +23,7 @@ def test_accelerate_fsdp2_prepares_trains_saves_and_reloads(
 ) -> None:
     def check(run: Run) -> None:
         result = run.result
-        assert result["distributed_type"] == "DistributedType.FSDP"
-        assert result["sharded"] is True
-        assert result["wrapper"] == {"name": "FSDPQwen2ForSequenceClassification", "is_fsdp_module": True}
-        assert result["layer_wrapper"] == "FSDPQwen2DecoderLayer"
+        assert_reward_model_sharded_by_accelerate(result)
         assert len(result["losses"]) == 3
         assert result["trained_vs_reference"] < TOLERANCE, (result["losses"], result["reference_losses"])
         assert result["state_keys_equal"] is True

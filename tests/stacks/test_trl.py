@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stacks.conftest import Claim
-from stacks.launch import Run, describe_without, with_and_without
+from stacks.launch import Run, assert_reward_model_sharded_by_accelerate, describe_without, with_and_without
 
 pytestmark = [pytest.mark.stacks, pytest.mark.slow]
 
@@ -16,10 +16,7 @@ pytestmark = [pytest.mark.stacks, pytest.mark.slow]
 def test_reward_trainer_trains_saves_and_reloads(tmp_path: Path, installed: Path, claim: Claim) -> None:
     def check(run: Run) -> None:
         result = run.result
-        assert result["distributed_type"] == "DistributedType.FSDP"
-        assert result["sharded"] is True
-        assert result["wrapper"] == {"name": "FSDPQwen2ForSequenceClassification", "is_fsdp_module": True}
-        assert result["layer_wrapper"] == "FSDPQwen2DecoderLayer"
+        assert_reward_model_sharded_by_accelerate(result)
         assert len(result["losses"]) == 4
         # Trained: rewards moved, and chosen answers now score above rejected ones.
         assert result["moved"] > 0.01
