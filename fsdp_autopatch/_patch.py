@@ -44,6 +44,9 @@ class Site:
     prefix: str
     deepcopy: str
     cache: Optional[str]  # None: no cache, the class is built inline with the global ``type``
+    # The public function whose call builds the classes: it reads ``cache`` (or ``type``) as a
+    # global of ``module`` at call time, which is what makes replacing that global reach it.
+    entry: str
 
     @property
     def name(self) -> str:
@@ -56,15 +59,17 @@ REPLICATE_MODULE = "torch.distributed._composable.replicate_with_fsdp"
 
 # First match wins: later torch releases keep a re-exporting shim at the older path.
 FULLY_SHARD_SITES = (
-    Site(_FULLY_SHARD_2_6, ("FSDPModule",), "FSDP", "_unimplemented_deepcopy", "cls_to_fsdp_cls"),
-    Site(_FULLY_SHARD_2_4, ("FSDPModule",), "FSDP", "unimplemented_deepcopy", "cls_to_fsdp_cls"),
-    Site(_FULLY_SHARD_2_4, ("FSDPModule",), "FSDP", "unimplemented_deepcopy", None),
+    Site(_FULLY_SHARD_2_6, ("FSDPModule",), "FSDP", "_unimplemented_deepcopy", "cls_to_fsdp_cls",
+         "fully_shard"),
+    Site(_FULLY_SHARD_2_4, ("FSDPModule",), "FSDP", "unimplemented_deepcopy", "cls_to_fsdp_cls",
+         "fully_shard"),
+    Site(_FULLY_SHARD_2_4, ("FSDPModule",), "FSDP", "unimplemented_deepcopy", None, "fully_shard"),
 )
 # Depending on the release (see _matrix), replicate() wraps modules in ReplicateModule(FSDPModule)
 # or in FSDPModule itself.
 REPLICATE_SITE = Site(
     REPLICATE_MODULE, ("ReplicateModule", "FSDPModule"), "Replicate", "_unimplemented_deepcopy",
-    "cls_to_replicate_cls",
+    "cls_to_replicate_cls", "replicate",
 )
 
 # The packages whose import makes fully_shard available; each re-exports it from a site module.
