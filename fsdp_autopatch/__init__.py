@@ -56,12 +56,22 @@ class FirstImportWatcher:
         # A watched module came with a loader that could not be lent: the next import whose
         # loader can be lent hands over instead, outside the import lock.
         self._pending = False
+        # Threads inside find_spec: a finder that itself asks every finder on sys.meta_path
+        # (import tools, test frameworks) calls back here for the same import, endlessly.
+        self._finding: set[int] = set()
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
         watched = fullname in self.names
         if not watched and not (self._pending and not self._started):
             return None
-        spec = find_spec_after(self, fullname, path, target)
+        thread = _thread.get_ident()
+        if thread in self._finding:
+            return None  # asked by a finder this very call asked: let it find the spec itself
+        self._finding.add(thread)
+        try:
+            spec = find_spec_after(self, fullname, path, target)
+        finally:
+            self._finding.discard(thread)
         if spec is None:  # not installed: nothing to arm for, and the import fails as usual
             return None
         if not lend_loader(spec, self) and watched:
@@ -85,6 +95,7 @@ class FirstImportWatcher:
         # The thread that held the lock, or was handing over, does not exist in the child:
         # a new lock, and a hand-over it never finished starts again on the next import.
         self._lock = _thread.RLock()
+        self._finding = set()
         if not self._done:
             self._started = False
 
