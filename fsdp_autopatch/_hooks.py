@@ -15,7 +15,8 @@ import logging
 import os
 import sys
 import threading
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional
 
 from fsdp_autopatch import _config, _matrix, _patch
 
@@ -42,18 +43,28 @@ class Status:
     # Who answered whether the bug is here: "probe" (torch and CPython were asked) or "matrix"
     # (the version rows, where no probe could run); None until then, and in off and force modes.
     decided_by: Optional[str] = None
+    # The original classes that went through a patched site (the first _patch.CLASS_RECORD_LIMIT),
+    # and how many did in all.
+    classes: tuple[_patch.ClassRecord, ...] = ()
+    classes_seen: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The status as plain JSON types."""
+        data = dataclasses.asdict(self)
+        data["sites"] = list(self.sites)
+        data["classes"] = [dataclasses.asdict(record) for record in self.classes]
+        return data
 
 
 _lock = threading.RLock()
 _status: Optional[Status] = None  # None until watch() runs
 _decided = False  # the matrix has answered for the versions loaded; only force reopens it
 _replicate_reported = False  # replicate()'s failure has been said, once
-# Set while watch() registers replicate()'s hook, which wrapt then calls at once if the module is
-# already in sys.modules: possibly half-run, by an import that started before the hooks existed.
+# Set while watch() registers the hooks, which wrapt calls at once for a module already in
+# sys.modules: possibly half-run, by an import that started before the hooks existed.
 _registering = threading.local()
+# How long a hook waits for such an import to finish before it gives up on that module.
+IMPORT_WAIT_SECONDS = 600.0
 
 
 def _reset_lock_after_fork() -> None:
@@ -80,7 +91,7 @@ def watch(mode: _config.Mode) -> None:
         if mode.name == _config.OFF:
             _status = Status(False, f"disabled by {_config.MODE_VARIABLE}={mode.raw}", mode.name)
             return
-        _status = Status(False, f"waiting for {_waiting_for(mode.name)} to be imported", mode.name)
+        _status = Status(False, _waiting_reason(mode.name), mode.name)
         _decided = False
     try:
         import wrapt
@@ -89,21 +100,47 @@ def watch(mode: _config.Mode) -> None:
                  "reinstall it with: pip install wrapt")
         return
     names = FSDP_MODULES if mode.name == _config.FORCE else (*FSDP_MODULES, TRANSFORMERS)
-    for name in names:
-        try:
-            wrapt.register_post_import_hook(on_import, name)
-        except Exception as error:
-            _give_up(f"could not register an import hook for {name}: {error}")
-            return
-    # Registered now, whatever is imported yet, so that wrapt sees every later import of it (in
-    # any thread, before or after FSDP2) and calls the hook once its body has run.
+    # Registered now, whatever is imported yet, so that wrapt sees every later import of them (in
+    # any thread, in any order) and calls the hook once the module's body has run.
+    hooks: list[tuple[str, Callable[[Any], None]]] = [(name, on_import) for name in names]
+    hooks.append((_patch.REPLICATE_MODULE, _on_replicate_import))
     _registering.active = True
     try:
-        wrapt.register_post_import_hook(_on_replicate_import, _patch.REPLICATE_MODULE)
-    except Exception as error:
-        _replicate_failed(f"could not register an import hook for {_patch.REPLICATE_MODULE}: {error}")
+        for name, hook in hooks:
+            try:
+                wrapt.register_post_import_hook(hook, name)
+            except Exception as error:
+                if hook is _on_replicate_import:
+                    _replicate_failed(f"could not register an import hook for {name}: {error}")
+                else:
+                    _give_up(f"could not register an import hook for {name}: {error}")
+                    return
     finally:
         _registering.active = False
+
+
+def _deferred(module: Any, hook: Callable[[Any], None]) -> bool:
+    """Run ``hook`` later if wrapt called it, while the hooks were being registered, for a module
+    whose import is still under way (in another thread, or further up this one): wrapt will not
+    call it again, so it runs once that import has finished, from a thread that waits for it."""
+    if not (getattr(_registering, "active", False) and _patch.initializing(module)):
+        return False
+    name = getattr(module, "__name__", "?")
+
+    def wait_then_hook() -> None:
+        deadline = time.monotonic() + IMPORT_WAIT_SECONDS
+        while (_patch.initializing(module) and sys.modules.get(name) is module
+               and time.monotonic() < deadline):
+            time.sleep(0.005)
+        if sys.modules.get(name) is module and not _patch.initializing(module):
+            hook(module)  # an import that failed left nothing to patch
+
+    with _lock:
+        if _status is not None and not _status.applied and not _decided:
+            _status.reason = f"waiting for the import of {name} under way to finish"
+    threading.Thread(target=wait_then_hook, name=f"fsdp-autopatch: waiting for {name}",
+                     daemon=True).start()
+    return True
 
 
 def _write_stderr(line: str) -> None:
@@ -120,7 +157,8 @@ def _write_stderr(line: str) -> None:
 def on_import(module: object) -> None:
     """The post-import hook: must not raise into the import that triggered it."""
     try:
-        try_install()
+        if not _deferred(module, on_import):
+            try_install(module)
     except Exception as error:
         _give_up(f"the patch failed ({type(error).__name__}: {error}); running unpatched")
 
@@ -132,56 +170,82 @@ def notify_loaded(module: object) -> None:
         wrapt.notify_module_loaded(module)
 
 
-def try_install() -> None:
+def try_install(just_ran: Optional[object] = None) -> None:
+    """Decide and install, once everything needed is imported. ``just_ran``: the module whose
+    post-import hook this is (its body has run, though the import system still marks it)."""
     global _decided
     with _lock:
         if _status is None or _status.applied or _decided:
             return
         mode = _status.mode
-        if not _patch.fsdp2_loaded():
+        presence = _patch.fsdp2_presence(just_ran)
+        if presence == _patch.FSDP2_ABSENT:
+            _status.reason = _waiting_reason(mode)
             return
         torch_version, torch_note = _version_of("torch")
-        if _patch.fully_shard_site() is None:
+        transformers_version, transformers_note = (
+            _version_of(TRANSFORMERS) if TRANSFORMERS in sys.modules else (None, ""))
+        _status.torch, _status.transformers = torch_version, transformers_version
+        site = _patch.fully_shard_site() if presence == _patch.FSDP2_LOADED else None
+        if site is None:
             # Nothing could be patched on this torch, whatever transformers is; waiting for it
             # would leave the status saying "waiting" for good.
-            _status.torch = torch_version
-            _status.reason = torch_note + _patch.unknown_layout_reason(torch_version)
-            _decided = True
-            logger.warning("%s", _status.reason)
-            return
-        transformers_version, transformers_note = None, ""
-        if mode != _config.FORCE:
-            # Only its version is needed, and that is set first thing in its __init__.
-            if TRANSFORMERS not in sys.modules:
-                _status.reason = f"waiting for {TRANSFORMERS} to be imported"
+            elsewhere = _fsdp2_elsewhere(torch_version)
+            if elsewhere is None:
+                _status.reason = _waiting_reason(mode)
                 return
-            transformers_version, transformers_note = _version_of(TRANSFORMERS)
+            _status.reason, warn = torch_note + elsewhere[0], elsewhere[1]
+            _decided = True
+            (logger.warning if warn else logger.info)("%s", _status.reason)
+            return
+        if mode != _config.FORCE and TRANSFORMERS not in sys.modules:
+            # Only its version is needed, and that is set first thing in its __init__.
+            _status.reason = _waiting_reason(mode)
+            return
         decision = _matrix.decide(mode, torch_version, transformers_version, _patch.probe_layout_bug)
-        _status.torch, _status.transformers = torch_version, transformers_version
         _status.in_matrix, _status.decided_by = decision.in_matrix, decision.decided_by
         _status.reason = "".join((torch_note, transformers_note, decision.reason))
         _decided = True
         if not decision.apply:
-            logger.info("not patching%s: %s", _decided_by(decision), _status.reason)
+            log = logger.warning if decision.cannot_tell else logger.info
+            log("not patching%s: %s", _decided_by(decision), _status.reason)
             return
-        _status.applied, _status.sites = True, (_patch.install_fully_shard(),)
+        site = _patch.install_fully_shard()
+        problem = _patch.check_site(site, sys.modules[site.module])
+        if problem is not None:
+            _patch.unpatch_site(site, sys.modules[site.module])
+            _status.reason += (f"; but the fix failed its self-check, so fully_shard runs unpatched: "
+                               f"{problem}; upgrade fsdp-autopatch, or report it")
+            logger.warning("%s", _status.reason)
+            return
+        _status.applied, _status.sites = True, (site.name,)
         logger.info("patched fully_shard for ABC-based modules%s: %s", _decided_by(decision),
                     _status.reason)
         # Not yet imported, or still being imported: its own hook patches it.
         _patch_replicate(_patch.loaded(_patch.REPLICATE_MODULE))
 
 
+def _fsdp2_elsewhere(torch_version: Optional[str]) -> Optional[tuple[str, bool]]:
+    """What to say when FSDP2 is imported but not where this package looks: None to wait for
+    torch 2.4/2.5's FSDP2 package; else the reason and whether it is worth a warning."""
+    try:
+        row = _matrix.row_for(_matrix.TORCH_ROWS, torch_version) if torch_version else None
+        older = torch_version is not None and _matrix.release(torch_version) < _matrix.FSDP2_IN_FSDP_PACKAGE
+    except ValueError:
+        row, older = None, False
+    if row is not None and not row.affected:
+        return f"torch {torch_version} has no FSDP2 ({row.evidence}): nothing to patch", False
+    if older and _patch.loaded(_matrix.COMPOSABLE_FSDP) is None:
+        return None  # FSDP1 so far: this torch's FSDP2 is imported from the composable package
+    return _patch.unknown_layout_reason(torch_version), True
+
+
 def _on_replicate_import(module: Any) -> None:
     """replicate_with_fsdp's post-import hook: it runs once its body has run, or at once when
     the hook is registered after it was imported."""
     try:
-        if getattr(_registering, "active", False) and _patch.initializing(module):
-            # Its import began before the hooks existed and is still running (in another
-            # thread, or further up this one): nothing will call this hook again.
-            _replicate_failed(f"{_patch.REPLICATE_MODULE} was being imported while the patch was "
-                              "being armed; import it after fsdp_autopatch.apply()")
-            return
-        _patch_replicate(module)
+        if not _deferred(module, _on_replicate_import):
+            _patch_replicate(module)
     except Exception as error:  # fully_shard stays patched; only replicate() goes without
         _replicate_failed(f"{type(error).__name__}: {error}")
 
@@ -195,15 +259,20 @@ def _patch_replicate(module: Any) -> None:
                 or _replicate_reported):
             return
         if _patch.patch_site(site, module):
-            _status.sites += (site.name,)
-            return
-        if _replicate_predates_its_site(_status.torch):
+            problem = _patch.check_site(site, module)
+            if problem is None:
+                _status.sites += (site.name,)
+                return
+            _patch.unpatch_site(site, module)
+        elif _replicate_predates_its_site(_status.torch):
             logger.debug("%s has no class cache of its own on torch %s: nothing to patch there",
                          site.module, _status.torch)
             return
-    names = "/".join(site.wrappers) + f", {site.deepcopy}, {site.cache}"
-    _replicate_failed(f"{site.module} has none of the names this version of fsdp-autopatch patches "
-                      f"({names}); upgrade fsdp-autopatch")
+        else:
+            names = "/".join(site.wrappers) + f", {site.deepcopy}, {site.cache}"
+            problem = (f"{site.module} has none of the names this version of fsdp-autopatch patches "
+                       f"({names}); upgrade fsdp-autopatch")
+    _replicate_failed(problem)
 
 
 def _replicate_predates_its_site(torch_version: Optional[str]) -> bool:
@@ -256,9 +325,18 @@ def _version_of(package: str) -> tuple[Optional[str], str]:
     return installed, note + f"read {installed} from its installed metadata; "
 
 
-def _waiting_for(mode: str) -> str:
-    fsdp2 = "FSDP2 (torch.distributed.fsdp)"
-    return fsdp2 if mode == _config.FORCE else f"{fsdp2} and {TRANSFORMERS}"
+def _waiting_reason(mode: str) -> str:
+    """What the patch still waits for, naming only what is not imported yet."""
+    missing = []
+    if _patch.fsdp2_presence() == _patch.FSDP2_ABSENT:
+        missing.append("FSDP2 (torch.distributed.fsdp)")
+    elif _patch.fully_shard_site() is None:  # torch 2.4/2.5 with FSDP1 imported
+        missing.append(f"FSDP2 ({_matrix.COMPOSABLE_FSDP})")
+    if mode != _config.FORCE and TRANSFORMERS not in sys.modules:
+        missing.append(TRANSFORMERS)
+    if not missing:  # all there: the hooks are about to decide
+        return "waiting for the post-import hooks to run"
+    return f"waiting for {' and '.join(missing)} to be imported"
 
 
 def _give_up(reason: str) -> None:
@@ -284,6 +362,16 @@ def _configure_logging() -> None:
 
 
 def current_status() -> Optional[Status]:
-    """A copy of the status, or None when ``watch`` never ran in this process."""
+    """A copy of the status, with the classes seen so far, or None when ``watch`` never ran."""
     with _lock:
-        return None if _status is None else dataclasses.replace(_status)
+        if _status is None:
+            return None
+        classes, seen = _patch.classes.snapshot()
+        current = dataclasses.replace(_status, classes=classes, classes_seen=seen)
+    if current.transformers is None and TRANSFORMERS in sys.modules:
+        # Imported after the decision, which did not need it (force mode, an unknown layout).
+        try:
+            current.transformers = _version_of(TRANSFORMERS)[0]
+        except Exception:  # a lazy module's __getattr__ may raise; the decision already said so
+            pass
+    return current

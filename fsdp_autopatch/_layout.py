@@ -13,11 +13,13 @@ instance; the rule above is modelled (``swap_accepted``) only for classes of whi
 instance can be made.
 
 The fix builds, per layout parent ``P`` (``ABC``, ``Generic[T]``, a ``collections.abc`` mixin),
-a mirror of the wrapper's class chain that sits on ``P``: ``FSDPModule'(P, FSDPModule)`` carrying
-``FSDPModule``'s own attributes. The wrapper class for ``cls`` is then
-``type(f"FSDP{name}", (FSDPModule', cls), ns)``: its layout chain matches, it is still a
-subclass of ``FSDPModule``, the original class keeps its MRO index, and every name
-``FSDPModule`` defines resolves before the original class, as in upstream's MRO.
+a mirror of the wrapper's class chain that sits on ``P``: ``FSDPModule'(P, FSDPModule)``. The
+wrapper class for ``cls`` is then ``type(f"FSDP{name}", (FSDPModule', cls), ns)``: its layout
+chain matches, it is still a subclass of ``FSDPModule``, and the original class keeps its MRO
+index. Upstream's MRO puts ``FSDPModule`` before ``cls``; here ``cls`` (down to ``P``) comes
+before the real ``FSDPModule``. So the mirror holds, for every name of the wrapper's chain, a
+stand-in that looks the name up on the real classes at each access: a monkeypatch of
+``FSDPModule`` (replaced, restored, deleted) reaches these modules as it reaches upstream's.
 
 Pure Python; no torch here.
 """
@@ -29,17 +31,27 @@ import dis
 import logging
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 # CPython type flags (Include/object.h), stable since 3.0.
-_HEAPTYPE = 1 << 9
 _HAVE_GC = 1 << 14
 _LAYOUT_ATTRIBUTES = ("__basicsize__", "__itemsize__", "__dictoffset__", "__weakrefoffset__")
-# Attributes that type() creates for every class; copying them would alias the original's.
-_NOT_COPIED = frozenset(
+# What type() and the class statement make for every class (3.13 adds __firstlineno__ and
+# __static_attributes__, 3.14 the lazy annotations): metadata of the class itself, not names its
+# instances look up, so a mirror neither stands in for them nor copies them.
+_CLASS_METADATA = frozenset(
     {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "__slots__",
-     "__abstractmethods__", "_abc_impl", "__orig_bases__", "__parameters__"}
+     "__abstractmethods__", "_abc_impl", "__orig_bases__", "__parameters__", "__annotations__",
+     "__annotate__", "__annotate_func__", "__annotations_cache__", "__firstlineno__",
+     "__static_attributes__"}
 )
+
+# What became of an original class at a construction site.
+TORCH = "torch"  # CPython accepts torch's own class: that very class is used
+COMPATIBLE = "compatible"  # CPython refuses torch's class; a layout-compatible one is used
+REFUSED = "refused"  # CPython refuses torch's class and no compatible one can be built
+
 _GENERIC_PARAMETER = typing.TypeVar("_GENERIC_PARAMETER")
 
 logger = logging.getLogger("fsdp_autopatch")
@@ -67,23 +79,6 @@ def _own_slots(cls: type) -> tuple[str, ...]:
     return tuple(name for name in names if name not in ("__dict__", "__weakref__"))
 
 
-def _adds_fields(cls: type) -> bool:
-    """CPython's ``extra_ivars``: ``cls`` adds storage beyond ``__dict__``/``__weakref__``."""
-    base = cls.__base__
-    if base is None:
-        return False
-    if cls.__flags__ & _HEAPTYPE:
-        return bool(_own_slots(cls))
-    return cls.__basicsize__ != base.__basicsize__ or cls.__itemsize__ != base.__itemsize__
-
-
-def solid_base(cls: type) -> type:
-    """CPython's ``solid_base``: the nearest class on the ``__base__`` chain that adds fields."""
-    while cls.__base__ is not None and not _adds_fields(cls):
-        cls = cls.__base__
-    return cls
-
-
 def swap_accepted(old: type, new: type) -> bool:
     """Would CPython accept ``instance_of_old.__class__ = new``? (``compatible_for_assignment``)"""
     old_root, new_root = layout_root(old), layout_root(new)
@@ -94,21 +89,6 @@ def swap_accepted(old: type, new: type) -> bool:
         and old_root.__basicsize__ == new_root.__basicsize__
         and _own_slots(old_root) == _own_slots(new_root)
     )
-
-
-def layout_parent_to_match(wrapper: type, cls: type) -> Optional[type]:
-    """The base a wrapper mirror must sit on for ``(wrapper, cls)`` to accept ``cls`` instances.
-
-    None when upstream's ``type(name, (wrapper, cls), ns)`` is accepted as it is. The new
-    class's ``__base__`` is ``wrapper`` unless ``cls`` has a more derived solid base
-    (CPython's ``best_base``); only then can the two layout walks end on different bases.
-    """
-    if solid_base(cls) is not solid_base(wrapper):
-        return None
-    wrapper_root, cls_root = layout_root(wrapper), layout_root(cls)
-    if wrapper_root is cls_root or cls_root.__base__ is wrapper_root.__base__:
-        return None
-    return cls_root.__base__
 
 
 def _functions(value: Any) -> list[types.FunctionType]:
@@ -174,17 +154,83 @@ def super_call_names(cls: type) -> set[str]:
     return names
 
 
-def _mirror_class(original: type, base: type) -> type:
-    """``original``'s name and own attributes on a class whose bases are ``(base, original)``.
+def _bind(value: Any, instance: Any, owner: type) -> Any:
+    """``value`` as attribute lookup returns it from a class dict: through its ``__get__``."""
+    get = getattr(type(value), "__get__", None)
+    return value if get is None else get(value, instance, owner)
 
-    The copied methods keep their ``__class__`` cell, so ``super()`` in them continues after
-    the real ``original``, exactly where upstream's MRO continues after it.
+
+class WrapperAttribute:
+    """A name of the wrapper's chain, in a mirror: looked up on the real classes at each access.
+
+    Upstream resolves the name on the first class of the wrapper's chain that has it, then
+    (once a monkeypatch deleted it there) on the rest of the MRO; so does this.
     """
 
+    __slots__ = ("chain", "name")
+
+    def __init__(self, chain: tuple[type, ...], name: str) -> None:
+        self.chain = chain  # the real wrapper's MRO, without ``object``
+        self.name = name
+
+    def _find(self, owner: type) -> tuple[bool, Any]:
+        for cls in self.chain:
+            if self.name in cls.__dict__:
+                return True, cls.__dict__[self.name]
+        for cls in owner.__mro__:  # the mirrors themselves hold stand-ins, not values
+            value = cls.__dict__.get(self.name, self)
+            if value is not self and not isinstance(value, WrapperAttribute):
+                return True, value
+        return False, None
+
+    def __get__(self, instance: Any, owner: Optional[type] = None) -> Any:
+        owner = type(instance) if owner is None else owner
+        found, value = self._find(owner)
+        if not found:
+            raise AttributeError(f"type object {owner.__name__!r} has no attribute {self.name!r}")
+        return _bind(value, instance, owner)
+
+    def __repr__(self) -> str:
+        return f"<attribute {self.name!r} of {self.chain[0].__qualname__}, looked up at access>"
+
+
+class WrapperDataAttribute(WrapperAttribute):
+    """The same for a data descriptor (a property): it also takes precedence over the instance
+    ``__dict__`` and handles assignment and deletion, as the descriptor it stands in for does."""
+
+    __slots__ = ()
+
+    def _descriptor(self, instance: Any, method: str) -> Any:
+        found, value = self._find(type(instance))
+        handler = getattr(type(value), method, None) if found else None
+        if handler is None:
+            raise AttributeError(f"{type(instance).__name__!r} object attribute {self.name!r} is read-only")
+        return handler, value
+
+    def __set__(self, instance: Any, new: Any) -> None:
+        handler, value = self._descriptor(instance, "__set__")
+        handler(value, instance, new)
+
+    def __delete__(self, instance: Any) -> None:
+        handler, value = self._descriptor(instance, "__delete__")
+        handler(value, instance)
+
+
+def _stand_in(chain: tuple[type, ...], name: str) -> WrapperAttribute:
+    value = next(cls.__dict__[name] for cls in chain if name in cls.__dict__)
+    data = hasattr(type(value), "__set__") or hasattr(type(value), "__delete__")
+    return (WrapperDataAttribute if data else WrapperAttribute)(chain, name)
+
+
+def _mirror_class(original: type, base: type) -> type:
+    """A class named as ``original``, with bases ``(base, original)``, holding a stand-in for
+    every name of ``original``'s chain, so that those names resolve before the original class's
+    own (as upstream's MRO has them) and always to what the real classes hold now."""
+    chain = original.__mro__[:-1]  # without object
+    names = {name for cls in chain for name in cls.__dict__ if name not in _CLASS_METADATA}
+
     def fill(namespace: dict[str, Any]) -> None:
-        namespace.update(
-            (name, value) for name, value in original.__dict__.items() if name not in _NOT_COPIED
-        )
+        namespace.update((name, _stand_in(chain, name)) for name in sorted(names))
         namespace["__module__"] = original.__module__
         namespace["__qualname__"] = original.__qualname__
         namespace["__doc__"] = original.__doc__
@@ -273,49 +319,79 @@ def layout_parents(cls: type) -> list[type]:
     return chain[::-1]
 
 
-def build_wrapper_class(
-    mirrors: WrapperMirrors, wrapper: type, cls: type, name: str, namespace: dict[str, Any],
-    module_name: str,
-) -> Optional[type]:
-    """The class upstream should have built for ``cls`` in ``module_name``, or None where
-    CPython accepts upstream's own.
+def parent_name(parent: type) -> str:
+    """``abc.ABC``, ``typing.Generic``: how a layout parent is named in the status and the log."""
+    return f"{parent.__module__}.{parent.__qualname__}"
 
-    CPython is asked: upstream's class (same name, bases, namespace and ``__module__``) is
-    tried on an uninitialised instance of ``cls``, and so is each candidate built on a mirror
-    of the wrapper chain. Raises TypeError when no candidate is accepted (e.g. a class
-    without ``__dict__``: every wrapper class adds one).
-    """
-    build = type_called_from(module_name)
+
+@dataclass(frozen=True)
+class WrapperClass:
+    """The class a site uses for one original class, and why."""
+
+    cls: type  # torch's own class (TORCH, REFUSED) or the layout-compatible one (COMPATIBLE)
+    outcome: str
+    parent: Optional[type] = None  # COMPATIBLE: the layout parent its mirror sits on
+    reason: str = ""  # REFUSED: why no compatible class could be built
+
+
+def acceptance(cls: type) -> Callable[[type], bool]:
+    """A test of whether CPython accepts a class swap for instances of ``cls``: tried on an
+    uninitialised instance, or, for classes of which none can be made safely, judged by the rule
+    (``swap_accepted``)."""
     instance = probe_instance(cls)
-    if instance is None:
-        logger.debug("no instance of %s can be made to ask CPython; judging its layout by the "
-                     "rule as CPython 3.9-3.14 state it", cls.__qualname__)
-        return _build_by_rule(mirrors, wrapper, cls, name, namespace, build)
-    if swap_allowed(instance, build(name, (wrapper, cls), dict(namespace))):
-        return None
+    if instance is not None:
+        return lambda new: swap_allowed(instance, new)
+    logger.debug("no instance of %s can be made to ask CPython; judging its layout by the rule "
+                 "as CPython 3.9-3.14 state it", cls.__qualname__)
+    return lambda new: swap_accepted(cls, new)
+
+
+def accepts(cls: type, new: type) -> bool:
+    """Does CPython accept ``instance_of_cls.__class__ = new``?"""
+    return acceptance(cls)(new)
+
+
+def wrapper_class(
+    mirrors: WrapperMirrors, wrapper: type, cls: type, name: str, namespace: dict[str, Any],
+    module_name: str, upstream: type,
+) -> WrapperClass:
+    """The class to use for ``cls``: ``upstream`` (torch's own ``type(name, (wrapper, cls),
+    namespace)``, built by the caller with the very call torch makes) where CPython accepts it,
+    so that its ``__init_subclass__`` and metaclass run once, as without the patch; else a class
+    built in ``module_name`` on a mirror of the wrapper chain that CPython accepts (a second
+    construction, for this class only); else ``upstream`` again, REFUSED, with the reason.
+    """
+    accepted = acceptance(cls)
+    if accepted(upstream):
+        return WrapperClass(upstream, TORCH)
+    build = type_called_from(module_name)
+    try:
+        parent, compatible = _compatible_class(mirrors, wrapper, cls, name, namespace, build, accepted)
+    except Exception as error:  # the layout, or what the class's own construction hooks raised
+        reason = str(error) if isinstance(error, TypeError) else f"{type(error).__name__}: {error}"
+        return WrapperClass(upstream, REFUSED, reason=reason)
+    return WrapperClass(compatible, COMPATIBLE, parent)
+
+
+def _compatible_class(
+    mirrors: WrapperMirrors, wrapper: type, cls: type, name: str, namespace: dict[str, Any],
+    build: Callable[..., Any], accepted: Callable[[type], bool],
+) -> tuple[type, type]:
+    """The first class built on a mirror of a base of ``cls`` that CPython accepts; raises
+    TypeError when none is (e.g. a class without ``__dict__``: every wrapper class adds one)."""
+    failures = []
     for parent in layout_parents(cls):
         try:
             new_cls = build(name, (mirrors.get(wrapper, parent), cls), dict(namespace))
-        except TypeError:  # no consistent MRO, or a parent that cannot be subclassed so
+        except TypeError as error:  # no consistent MRO, a parent that cannot be subclassed so,
+            # or the class's own __init_subclass__ or metaclass refusing a second FSDP<Name>
+            failures.append(f"on {parent_name(parent)}: {type(error).__name__}: {error}")
             continue
-        if swap_allowed(instance, new_cls):
+        if accepted(new_cls):
             _check_super_calls(new_cls, wrapper, cls)
-            return new_cls
-    raise TypeError(f"no class built on a base of {cls.__qualname__} has its layout")
-
-
-def _build_by_rule(
-    mirrors: WrapperMirrors, wrapper: type, cls: type, name: str, namespace: dict[str, Any],
-    build: Callable[..., Any],
-) -> Optional[type]:
-    parent = layout_parent_to_match(wrapper, cls)
-    if parent is None:
-        return None
-    new_cls = build(name, (mirrors.get(wrapper, parent), cls), dict(namespace))
-    if not swap_accepted(cls, new_cls):
-        raise TypeError(f"built {name} but its layout still differs from {cls.__qualname__}")
-    _check_super_calls(new_cls, wrapper, cls)
-    return new_cls
+            return parent, new_cls
+    tried = f" (building it {'; '.join(failures)})" if failures else ""
+    raise TypeError(f"no class built on a base of {cls.__qualname__} has its layout{tried}")
 
 
 def _check_super_calls(new_cls: type, wrapper: type, cls: type) -> None:

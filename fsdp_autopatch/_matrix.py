@@ -84,6 +84,12 @@ TORCH_ROWS = (
         f"2.11{_TO}2.15", "built by `_fsdp_init._apply_to_module`"),
 )
 
+# torch.distributed.fsdp exports FSDP2's fully_shard from 2.6 on (2.6.0 - 2.15.0 read); 2.4 and
+# 2.5 have it only in torch.distributed._composable.fsdp, where the matrix runs on 2.4.1 and
+# 2.5.1 import it, and their torch.distributed.fsdp is FSDP1.
+FSDP2_IN_FSDP_PACKAGE: Release = (2, 6)
+COMPOSABLE_FSDP = "torch.distributed._composable.fsdp"
+
 # replicate() builds Replicate<Name>(ReplicateModule, cls) through the same helper as fully_shard,
 # with its own cache (torch.distributed._composable.replicate_with_fsdp.cls_to_replicate_cls).
 REPLICATE_ROW = Row(
@@ -114,19 +120,38 @@ PYTHON_ROWS = (
         "`FSDP_AUTOPATCH=force` patches (CPython is asked per class)"),
 )
 
-_RELEASE_PATTERN = re.compile(r"\s*v?(?:\d+!)?(\d+(?:\.\d+)*)")
+# A whole PEP 440 version (the grammar of packaging.version), for interpreters without packaging:
+# "2.8.0garbage" is not a version, "2.8.0+cu128" and "2.9.0.dev20250801" are.
+_PEP_440 = re.compile(
+    r"""v?(?:[0-9]+!)?(?P<release>[0-9]+(?:\.[0-9]+)*)
+    (?:[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?[0-9]*)?
+    (?:-[0-9]+|[-_.]?(?:post|rev|r)[-_.]?[0-9]*)?
+    (?:[-_.]?dev[-_.]?[0-9]*)?
+    (?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?""",
+    re.VERBOSE | re.IGNORECASE,
+)
 
 
 def release(version: str) -> Release:
     """The release numbers of a version: ``2.8.0+cu128`` and ``2.8.0rc1`` are both (2, 8, 0).
 
     Pre-releases, dev builds and local tags count as the release they lead to, so a nightly
-    ``2.9.0.dev20250801`` is judged as torch 2.9.0.
+    ``2.9.0.dev20250801`` is judged as torch 2.9.0. Read by ``packaging`` where it is installed
+    (transformers requires it), else by the same grammar here; raises ValueError for anything
+    that is not a whole version.
     """
-    match = _RELEASE_PATTERN.match(str(version))
-    if match is None:
-        raise ValueError(f"not a version: {version!r}")
-    return _significant(tuple(int(part) for part in match.group(1).split(".")))
+    text = str(version).strip()
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        match = _PEP_440.fullmatch(text)
+        if match is None:
+            raise ValueError(f"not a version: {version!r}") from None
+        return _significant(tuple(int(part) for part in match["release"].split(".")))
+    try:
+        return _significant(Version(text).release)
+    except InvalidVersion:
+        raise ValueError(f"not a version: {version!r}") from None
 
 
 def _significant(numbers: Release) -> Release:
@@ -172,6 +197,8 @@ class Decision:
     # rows do not cover it. The probe can overrule it; ``decided_by`` says who answered.
     in_matrix: Optional[bool]
     decided_by: Optional[str] = None  # PROBE or MATRIX; None where no bug question was asked
+    # Neither the probe nor the rows could tell whether the bug is here: worth a warning.
+    cannot_tell: bool = False
 
 
 # A probe answers "does CPython refuse the FSDP class this torch builds for an ABC module?" by
@@ -238,7 +265,8 @@ def decide(
                                "swap it still refuses)", False, MATRIX)
     return Decision(False, f"torch {torch_version} is newer than the matrix and its FSDP class "
                            "construction could not be probed; set "
-                           f"{_config.MODE_VARIABLE}=force to patch anyway", None, MATRIX)
+                           f"{_config.MODE_VARIABLE}=force to patch anyway", None, MATRIX,
+                    cannot_tell=True)
 
 
 def _release_text(numbers: Release) -> str:

@@ -4,17 +4,20 @@ Which torch releases build their classes at which site is recorded, with the evi
 ``_matrix``; this module only names the sites. Where torch builds ``FSDP<Name>`` (and
 ``Replicate<Name>``) once per original class and keeps it in a module-level cache dict that the
 building code reads at call time, via ``cache.get(cls)``, that dict is replaced with
-``LayoutFixingCache``: a miss for a class that needs it is filled with a layout-compatible
-class; for every other class the miss stays a miss and torch builds exactly its own class.
-Where there is no cache, the module's global name ``type`` is shadowed by a function that does
-the same for the one call that builds the class. Nothing of ``fully_shard`` itself is replaced,
-so every alias of it is covered.
+``LayoutFixingCache``: on a miss it builds torch's own class, by the very call torch makes, and
+keeps it where CPython accepts it, or a layout-compatible class where CPython refuses it. torch
+then finds the class in its cache and builds nothing itself. Where there is no cache (torch
+2.4), the module's global name ``type`` is shadowed by a function that does the same for the
+one call that builds the class. Nothing of ``fully_shard`` itself is replaced, so every alias
+of it is covered. After installing, ``check_site`` runs a throwaway ABC module through torch's
+construction at the site; only a fix that passed it counts as applied.
 """
 
 from __future__ import annotations
 
 import abc
 import builtins
+import dis
 import inspect
 import logging
 import os
@@ -81,66 +84,163 @@ _mirrors = _layout.WrapperMirrors()
 @dataclass(frozen=True)
 class Construction:
     """How torch builds a wrapper class: ``type(prefix + name, (wrapper, cls), {"__deepcopy__":
-    deepcopy})``, called from code in ``module`` (which names the class's ``__module__``)."""
+    deepcopy})``, called from code in ``module`` (which names the class's ``__module__``); in
+    ``helper`` (``_fsdp_init._apply_to_module``) where the site's module calls one."""
 
     wrapper: type
     prefix: str
     deepcopy: Callable[..., Any]
     module: str
+    helper: Optional[Callable[..., Any]] = None
 
-    def build(self, cls: type) -> Optional[type]:
-        """A layout-compatible wrapper class for ``cls``, or None where CPython accepts torch's
-        own (torch then builds it, exactly as without the patch)."""
-        return _layout.build_wrapper_class(
-            _mirrors, self.wrapper, cls, f"{self.prefix}{cls.__name__}",
-            {"__deepcopy__": self.deepcopy}, self.module,
+    def name(self, cls: type) -> str:
+        return f"{self.prefix}{cls.__name__}"
+
+    def namespace(self) -> dict[str, Any]:
+        return {"__deepcopy__": self.deepcopy}
+
+    def upstream(self, cls: type) -> type:
+        """torch's own class for ``cls``, built by the call torch makes; raises what it raises."""
+        build = _layout.type_called_from(self.module)
+        return build(self.name(cls), (self.wrapper, cls), self.namespace())  # type: ignore[no-any-return]
+
+    def choose(self, cls: type, upstream: type) -> _layout.WrapperClass:
+        """torch's ``upstream`` class where CPython accepts it, else a layout-compatible one."""
+        return _layout.wrapper_class(
+            _mirrors, self.wrapper, cls, self.name(cls), self.namespace(), self.module, upstream
         )
 
 
-class LayoutFixingCache(dict):  # type: ignore[type-arg]
-    """torch's ``cls -> wrapper class`` cache that builds layout-compatible classes on a miss.
+@dataclass(frozen=True)
+class ClassRecord:
+    """What became of one original class at one site, for ``status().classes``."""
 
-    ``get`` is the only method torch's construction calls. For a class upstream's construction
-    can build, it answers like a plain dict (a miss), so torch builds and stores its own class.
+    name: str  # the original class's __qualname__
+    module: str
+    site: str
+    wrapper: str  # the name of the class the site used
+    outcome: str  # _layout.TORCH, COMPATIBLE or REFUSED
+    parent: Optional[str] = None  # COMPATIBLE: the layout parent, e.g. "abc.ABC"
+    reason: Optional[str] = None  # REFUSED: why, in one line
+
+
+class ClassRecords:
+    """The classes that went through a patched site in this process: the first ``limit`` kept,
+    every one counted, so that a process sharding thousands of classes stays small."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._kept: list[ClassRecord] = []
+        self._seen = 0
+        self._lock = threading.Lock()
+
+    def add(self, record: ClassRecord) -> None:
+        with self._lock:
+            self._seen += 1
+            if len(self._kept) < self.limit:
+                self._kept.append(record)
+
+    def snapshot(self) -> tuple[tuple[ClassRecord, ...], int]:
+        with self._lock:
+            return tuple(self._kept), self._seen
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+
+
+CLASS_RECORD_LIMIT = 100
+classes = ClassRecords(CLASS_RECORD_LIMIT)
+
+# Set on the throwaway classes this package sends through torch's construction to check it:
+# they are neither logged nor listed as the user's classes; what became of them is kept on them.
+_THROWAWAY = "__fsdp_autopatch_throwaway__"
+_CHOSEN = "__fsdp_autopatch_chosen__"
+
+
+def _record(cls: type, site: str, chosen: _layout.WrapperClass) -> None:
+    """List the class in the status and say once in the log what became of it."""
+    if cls.__dict__.get(_THROWAWAY):
+        type.__setattr__(cls, _CHOSEN, chosen)
+        return
+    parent = _layout.parent_name(chosen.parent) if chosen.parent is not None else None
+    record = ClassRecord(cls.__qualname__, cls.__module__, site, chosen.cls.__name__, chosen.outcome,
+                         parent, chosen.reason or None)
+    classes.add(record)
+    original = f"{record.module}.{record.name}"
+    if chosen.outcome == _layout.COMPATIBLE:
+        logger.info("built %s on %s for %s at %s: CPython refuses torch's own class for it",
+                    record.wrapper, parent, original, site)
+    elif chosen.outcome == _layout.REFUSED:
+        logger.warning("cannot build a layout-compatible %s for %s at %s (%s): fully_shard will "
+                       "raise torch's own error for it", record.wrapper, original, site, record.reason)
+    else:
+        logger.debug("left %s to torch at %s: CPython accepts torch's own %s", original, site,
+                     record.wrapper)
+
+
+class LayoutFixingCache(dict):  # type: ignore[type-arg]
+    """torch's ``cls -> wrapper class`` cache, answering a miss with the class to use.
+
+    ``get`` is the only method torch's construction calls. On a miss it builds torch's own
+    class (once, by torch's call) and keeps it where CPython accepts it, or else a
+    layout-compatible class; torch then uses what it finds and builds nothing. Entries torch
+    cached before the patch for classes CPython refuses (its failed attempts) are not kept: the
+    next ``get`` for such a class builds the compatible class from them.
+    ``keeps_torch_classes=False`` is for torch 2.4, which has no cache and builds its class on
+    every call: there only compatible classes are kept, and torch's are built per call, as
+    without the patch.
     """
 
-    def __init__(self, entries: dict[type, type], construction: Construction, site: str) -> None:
-        super().__init__(entries)
+    def __init__(self, entries: dict[type, type], construction: Construction, site: str, *,
+                 keeps_torch_classes: bool = True) -> None:
+        super().__init__()
+        self.original = entries  # torch's own dict, put back if the fix fails its self-check
         self.construction = construction
         self.site = site
+        self.keeps_torch_classes = keeps_torch_classes
         self._lock = threading.Lock()
-        self._refused: set[type] = set()
-        # Classes CPython accepts torch's own class for: torch 2.4's inline site has no cache
-        # of its own, so without this it would ask again on every call.
-        self._upstream: set[type] = set()
+        # Classes whose outcome is settled without an entry (keeps_torch_classes=False).
+        self.settled: set[type] = set()
+        self._stale: dict[type, type] = {}
+        for cls, built in entries.items():
+            if isinstance(cls, type) and isinstance(built, type) and not _layout.accepts(cls, built):
+                self._stale[cls] = built
+                logger.info("dropped %s, which torch cached at %s before the patch and CPython "
+                            "refuses for %s", built.__name__, site, cls.__qualname__)
+            else:
+                dict.__setitem__(self, cls, built)
         _caches.append(weakref.ref(self))
 
     def get(self, cls: Any, default: Any = None) -> Any:
         found = dict.get(self, cls)
-        if found is None and isinstance(cls, type):
-            found = self._build(cls)
+        if found is None and isinstance(cls, type) and cls not in self.settled:
+            found = self.choose(cls)
         return default if found is None else found
 
-    def _build(self, cls: type) -> Optional[type]:
-        # One class per original class, also when threads shard modules of one class at once.
+    def choose(self, cls: type, upstream: Optional[type] = None) -> type:
+        """The class to use for ``cls``, decided once; ``upstream``: torch's class for it, built
+        by the caller (torch 2.4's per-call construction)."""
+        # One decision per original class, also when threads shard modules of one class at once.
         with self._lock:
             found = dict.get(self, cls)
-            if found is not None or cls in self._refused or cls in self._upstream:
-                return found
+            if found is not None:
+                return found  # type: ignore[no-any-return]
+            if upstream is None:
+                upstream = self._stale.pop(cls, None) or self.construction.upstream(cls)
+            if cls in self.settled:
+                return upstream
             try:
-                built = self.construction.build(cls)
-            except Exception as error:  # upstream then fails as it would have without us
-                self._refused.add(cls)
-                logger.warning("cannot build a layout-compatible %s%s (%s); leaving it to torch",
-                               self.construction.prefix, cls.__name__, error)
-                return None
-            if built is None:
-                self._upstream.add(cls)
+                chosen = self.construction.choose(cls, upstream)
+            except Exception as error:  # this package's failure: torch's class, as without it
+                chosen = _layout.WrapperClass(
+                    upstream, _layout.REFUSED,
+                    reason=f"fsdp-autopatch failed: {type(error).__name__}: {error}")
+            if self.keeps_torch_classes or chosen.outcome == _layout.COMPATIBLE:
+                self[cls] = chosen.cls
             else:
-                logger.debug("built %s for %s via %s: CPython refuses torch's own class",
-                              built.__name__, cls.__qualname__, self.site)
-                self[cls] = built
-            return built
+                self.settled.add(cls)
+            _record(cls, self.site, chosen)
+            return chosen.cls
 
 
 # Every cache (a dict, so not in a WeakSet), so that a forked child does not inherit a lock
@@ -153,6 +253,7 @@ def _reset_locks_after_fork() -> None:
         cache = ref()
         if cache is not None:
             cache._lock = threading.Lock()
+    classes.after_fork_in_child()
 
 
 if hasattr(os, "register_at_fork"):
@@ -163,7 +264,7 @@ def _type_for_inline_site(cache: LayoutFixingCache) -> Callable[..., Any]:
     """A stand-in for the builtin ``type`` in a module that builds wrapper classes inline."""
     builtin_type = builtins.type
     construction = cache.construction
-    # Every other call keeps torch's module name on what it builds, as a direct call would.
+    # Every call keeps torch's module name on what it builds, as a direct call would.
     call_type = _layout.type_called_from(construction.module)
 
     def type_(*args: Any, **kwargs: Any) -> Any:
@@ -172,9 +273,13 @@ def _type_for_inline_site(cache: LayoutFixingCache) -> Callable[..., Any]:
             if (isinstance(bases, tuple) and len(bases) == 2 and bases[0] is construction.wrapper
                     and isinstance(bases[1], builtin_type)
                     and name == construction.prefix + bases[1].__name__):
-                built = cache.get(bases[1])
-                if built is not None:
-                    return built
+                found = dict.get(cache, bases[1])
+                if found is not None:
+                    return found
+                # torch's own construction, once per call as torch makes it; the first one for
+                # a class also decides what the class gets.
+                upstream = call_type(*args)
+                return upstream if bases[1] in cache.settled else cache.choose(bases[1], upstream)
         return call_type(*args, **kwargs)
 
     type_.__wrapped__ = builtin_type  # type: ignore[attr-defined]
@@ -208,7 +313,7 @@ def _resolve(site: Site, module: Optional[ModuleType] = None) -> Optional[tuple[
     # _matrix) call type() from there, which names the class's __module__.
     helper = getattr(module, "_apply_to_module", None)
     builder = getattr(helper, "__module__", None) or module.__name__
-    return module, Construction(wrapper, site.prefix, deepcopy, builder)
+    return module, Construction(wrapper, site.prefix, deepcopy, builder, helper)
 
 
 def patch_site(site: Site, module: Optional[ModuleType] = None) -> bool:
@@ -221,7 +326,7 @@ def patch_site(site: Site, module: Optional[ModuleType] = None) -> bool:
     if site.cache is None:
         current = getattr(module, "type", builtins.type)
         if getattr(current, "__wrapped__", None) is not builtins.type:
-            cache = LayoutFixingCache({}, construction, site.name)
+            cache = LayoutFixingCache({}, construction, site.name, keeps_torch_classes=False)
             module.type = _type_for_inline_site(cache)  # type: ignore[attr-defined]
         return True
     current = getattr(module, site.cache)
@@ -230,13 +335,25 @@ def patch_site(site: Site, module: Optional[ModuleType] = None) -> bool:
     return True
 
 
-def fsdp2_loaded() -> bool:
-    """Is FSDP2 imported: a module that builds its classes has finished importing, or one of
-    torch's FSDP2 packages already holds ``fully_shard``, wherever torch now defines it?
-    (The package may still be running its ``__init__``: post-import hooks fire from inside it.)"""
+# What ``fsdp2_presence`` finds.
+FSDP2_ABSENT = "absent"  # no FSDP2 package has been imported (or finished importing) yet
+FSDP2_LOADED = "loaded"  # fully_shard is there: a site module finished importing, or a package holds it
+FSDP2_ELSEWHERE = "elsewhere"  # an FSDP2 package finished importing without fully_shard in it
+
+
+def fsdp2_presence(just_ran: Optional[object] = None) -> str:
+    """Is FSDP2 imported? ``just_ran``: a module whose body has just run (in its post-import
+    hook, where the import system still marks it as initializing)."""
     if any(loaded(site.module) is not None for site in FULLY_SHARD_SITES):
-        return True
-    return any(callable(getattr(sys.modules.get(name), "fully_shard", None)) for name in FSDP2_PACKAGES)
+        return FSDP2_LOADED
+    packages = [sys.modules.get(name) for name in FSDP2_PACKAGES]
+    # Read while a package may still be running its __init__ (a post-import hook of another).
+    if any(callable(getattr(package, "fully_shard", None)) for package in packages):
+        return FSDP2_LOADED
+    if any(package is not None and (package is just_ran or not initializing(package))
+           for package in packages):
+        return FSDP2_ELSEWHERE
+    return FSDP2_ABSENT
 
 
 def fully_shard_site() -> Optional[Site]:
@@ -254,26 +371,34 @@ def unknown_layout_reason(torch_version: Optional[str]) -> str:
     )
 
 
-def install_fully_shard() -> str:
-    """Patch fully_shard's class construction; returns the site's name or raises UnknownLayout."""
+def install_fully_shard() -> Site:
+    """Patch fully_shard's class construction at the first known site; raises UnknownLayout."""
     for site in FULLY_SHARD_SITES:
         if patch_site(site):
-            return site.name
+            return site
     raise UnknownLayout(unknown_layout_reason(None))
 
 
-_FSDP_INIT = "torch.distributed.fsdp._fully_shard._fsdp_init"
+def unpatch_site(site: Site, module: ModuleType) -> None:
+    """Put back what ``patch_site`` replaced: torch's own dict (with what was cached since), or
+    the builtin ``type``."""
+    if site.cache is None:
+        if getattr(getattr(module, "type", None), "__wrapped__", None) is builtins.type:
+            del module.type  # type: ignore[attr-defined]
+        return
+    current = getattr(module, site.cache, None)
+    if isinstance(current, LayoutFixingCache):
+        current.original.update(current)
+        setattr(module, site.cache, current.original)
 
 
 def probe_layout_bug() -> Optional[bool]:
     """Does CPython refuse the FSDP class this torch builds for an ABC module?
 
-    torch's own construction is applied to a throwaway ``class (ABC, nn.Module)``: its helper
-    ``_fsdp_init._apply_to_module`` where it has one (torch 2.11+), with a throwaway cache so
-    torch's own stays clean; otherwise the ``type(...)`` call every torch 2.4 - 2.10 makes. The
-    swap is tried on an uninitialised instance. True: refused (the bug); False: accepted;
-    None: cannot tell (no FSDP2 wrapper class found, a helper of unknown signature, or another
-    error). Never raises.
+    torch's own construction at the first known site is applied, unpatched and with a throwaway
+    cache so that torch's own stays clean, to an uninitialised instance of a throwaway
+    ``class (ABC, nn.Module)``. True: refused (the bug); False: accepted; None: cannot tell (no
+    known site, a helper of unknown signature, or another error). Never raises.
     """
     try:
         return _probe()
@@ -283,44 +408,107 @@ def probe_layout_bug() -> Optional[bool]:
 
 
 def _probe() -> Optional[bool]:
-    construction = _fsdp2_construction()
-    if construction is None:
+    site = fully_shard_site()
+    if site is None:
         return None
-    import torch.nn
-
-    class LayoutProbe(abc.ABC, torch.nn.Module):
-        pass
-
-    module = object.__new__(LayoutProbe)
-    helper = getattr(loaded(_FSDP_INIT), "_apply_to_module", None)
-    if helper is not None:
-        call = _bind_helper(helper, module, construction)
-        if call is None:
-            return None
-    else:
-        def call() -> None:
-            name = f"{construction.prefix}{LayoutProbe.__name__}"
-            dct = {"__deepcopy__": construction.deepcopy}
-            module.__class__ = type(name, (construction.wrapper, LayoutProbe), dct)
+    _, construction = _resolve(site)  # type: ignore[misc]
+    instance = object.__new__(_throwaway_abc_module("LayoutProbe"))
     try:
-        call()
+        _apply_construction(construction, instance, {}, _layout.type_called_from(construction.module))
     except TypeError as error:
-        if "__class__" in str(error) and type(module) is LayoutProbe:
+        if "__class__" in str(error) and not isinstance(instance, construction.wrapper):
             return True
         logger.debug("the layout probe failed otherwise (%s)", error)
         return None
     # Accepted: the instance now is of a subclass of the wrapper, as torch's modules become.
-    return False if isinstance(module, construction.wrapper) else None
+    return False if isinstance(instance, construction.wrapper) else None
+
+
+def check_site(site: Site, module: ModuleType) -> Optional[str]:
+    """What keeps the installed fix at ``site`` from working, in one line; None when it works.
+
+    It works when torch's entry function (``fully_shard``, ``replicate``) reads the global this
+    package replaced, by name, at call time (read from its bytecode), and a throwaway ``class
+    (ABC, nn.Module)`` instance goes through torch's construction at the site, patched, and
+    CPython accepts the class it gets. Never raises.
+    """
+    try:
+        return _check(site, module)
+    except Exception as error:
+        return f"the self-check at {site.name} failed: {type(error).__name__}: {error}"
+
+
+def _check(site: Site, module: ModuleType) -> Optional[str]:
+    resolved = _resolve(site, module)
+    if resolved is None:
+        return f"{site.module} lost the names the patch uses"
+    _, construction = resolved
+    read = site.cache or "type"
+    entry = getattr(module, site.entry, None)
+    if entry is None or not reads_global(inspect.unwrap(entry), read):
+        return (f"torch's {site.module}.{site.entry} does not read the global {read} that the patch "
+                "replaced, so it would not use the fix")
+    cache: dict[type, type] = getattr(module, site.cache) if site.cache else {}
+    cls = _throwaway_abc_module("SelfCheck")
+    instance = object.__new__(cls)
+    try:
+        _apply_construction(construction, instance, cache, getattr(module, "type", builtins.type))
+    except TypeError as error:
+        chosen = cls.__dict__.get(_CHOSEN)
+        why = f" (no compatible class: {chosen.reason})" if chosen is not None and chosen.reason else ""
+        return f"a throwaway ABC module still fails in torch's construction at {site.name}: {error}{why}"
+    finally:
+        cache.pop(cls, None)
+    if not isinstance(instance, construction.wrapper):
+        return f"a throwaway ABC module did not become a {construction.wrapper.__name__} at {site.name}"
+    return None
+
+
+def reads_global(function: Callable[..., Any], name: str) -> bool:
+    """Does ``function``'s own code load the global ``name`` (so that rebinding it reaches it)?"""
+    code = getattr(function, "__code__", None)
+    return code is not None and any(
+        instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and instruction.argval == name
+        for instruction in dis.get_instructions(code)
+    )
+
+
+def _throwaway_abc_module(name: str) -> type:
+    """A new ``class name(ABC, nn.Module)``, marked so that it is never listed as the user's."""
+    import torch.nn
+
+    return type(name, (abc.ABC, torch.nn.Module), {_THROWAWAY: True, "__module__": __name__})
+
+
+def _apply_construction(
+    construction: Construction, instance: object, cache: dict[type, type], type_: Callable[..., Any]
+) -> None:
+    """What torch does to a module at a site, with ``cache`` as its class cache and ``type_`` as
+    its ``type``: ``_apply_to_module`` where the site calls it (torch 2.11+), else the code
+    torch 2.4 - 2.10 run inline in ``fully_shard`` (2.4's has no cache: an empty one acts alike).
+    Raises TypeError when CPython refuses the swap, as torch does."""
+    if construction.helper is not None:
+        call = _bind_helper(construction.helper, instance, construction, cache)
+        if call is None:
+            raise UnknownLayout("torch's _apply_to_module takes arguments unknown to fsdp-autopatch")
+        call()
+        return
+    cls = type(instance)
+    new_cls = cache.get(cls, None)
+    if not new_cls:
+        new_cls = type_(construction.name(cls), (construction.wrapper, cls), construction.namespace())
+        cache[cls] = new_cls
+    instance.__class__ = new_cls
 
 
 def _bind_helper(
-    helper: Callable[..., Any], module: object, construction: Construction
+    helper: Callable[..., Any], instance: object, construction: Construction, cache: dict[type, type]
 ) -> Optional[Callable[[], Any]]:
-    """``helper`` called with this probe's arguments matched to its signature by name; None when
-    it takes a required parameter this package does not know."""
+    """``helper`` called for ``instance`` with its arguments matched to its signature by name;
+    None when it takes a required parameter this package does not know."""
     values: dict[str, Any] = {
-        "modules": (module,),
-        "cls_to_wrapper_cls": {},  # throwaway: torch's module-level cache never sees the probe
+        "modules": (instance,),
+        "cls_to_wrapper_cls": cache,
         "wrapper_module_cls": construction.wrapper,
         "wrapper_cls_prefix": construction.prefix,
         "unimplemented_deepcopy": construction.deepcopy,
@@ -336,26 +524,7 @@ def _bind_helper(
         elif parameter.default is inspect.Parameter.empty and parameter.kind not in (
             inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD
         ):
-            logger.debug("torch's %s takes %s, unknown to this package: not probed",
+            logger.debug("torch's %s takes %s, unknown to this package",
                          getattr(helper, "__qualname__", helper), parameter.name)
             return None
     return lambda: helper(*args, **kwargs)
-
-
-def _unimplemented_deepcopy(*args: Any, **kwargs: Any) -> Any:
-    raise AssertionError("a layout probe class is never copied")
-
-
-def _fsdp2_construction() -> Optional[Construction]:
-    """How this torch builds ``FSDP<Name>`` classes: from a known site, or else from the
-    wrapper class ``torch.distributed.fsdp`` exports (its layout is all the probe needs)."""
-    for site in FULLY_SHARD_SITES:
-        resolved = _resolve(site)
-        if resolved is not None:
-            return resolved[1]
-    # Read while torch.distributed.fsdp may still be running its __init__ (the post-import hook).
-    for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
-        wrapper = getattr(sys.modules.get(name), "FSDPModule", None)
-        if isinstance(wrapper, type):
-            return Construction(wrapper, "FSDP", _unimplemented_deepcopy, name)
-    return None

@@ -240,7 +240,8 @@ def test_read_only_site_packages(tmp_path: Path, installed: Path) -> None:
                 env=environment(PYTHONDONTWRITEBYTECODE=None), cwd=tmp_path, timeout=120,
             )
             assert (result.returncode, result.stderr) == (0, ""), code
-        assert "waiting for" in status_after(result)["reason"]
+        # The fake torch's FSDP2 package holds no fully_shard: decided, not left waiting.
+        assert "FSDP2 layout is unknown" in status_after(result)["reason"]
     finally:
         for folder in folders:
             folder.chmod(0o755)
@@ -410,7 +411,9 @@ def test_package_raising_on_import(
     assert uncaught[None].returncode == uncaught[OFF].returncode == 1
     assert uncaught[None].stderr.splitlines()[-1] == uncaught[OFF].stderr.splitlines()[-1]
     status = json_lines(env.run(f"{code}\n{STATUS}").stdout)[-1]
-    assert not status["applied"] and "waiting for" in status["reason"]
+    # Where torch's FSDP2 package did import, the fake's holds no fully_shard: decided, not waiting.
+    expected = "FSDP2 layout is unknown" if raising == "transformers" else "waiting for"
+    assert not status["applied"] and expected in status["reason"], status
 
 
 # --- hazards: fork, legacy loaders, no stderr ------------------------------------------------
@@ -580,7 +583,8 @@ def test_bad_mode_value_without_stderr(tmp_path: Path, installed: Path) -> None:
     result = env.run(NO_STDERR, FSDP_AUTOPATCH="garbage")
     assert (result.returncode, result.stderr) == (0, "")
     (report,) = json_lines(result.stdout)
-    assert report["reason"].startswith("waiting for"), report
+    # The hooks ran on torch.distributed.fsdp: the fake's holds no fully_shard, which they say.
+    assert "FSDP2 layout is unknown" in report["reason"], report
     assert "transformers" in report["waiting_hooks"], report
 
 
@@ -773,20 +777,24 @@ def test_patch_raising(unpatched: dict[str, Any], injection: tuple[str, str]) ->
 
 @pytest.mark.slow
 def test_class_building_raising(unpatched: dict[str, Any]) -> None:
-    """A failure building one class leaves fully_shard to fail exactly as torch would."""
+    """A failure choosing one class leaves fully_shard to fail exactly as torch would: the
+    self-check meets it first, so the status says unpatched, and the log says why."""
     injection = """
         import fsdp_autopatch._layout as layout
 
-        def build_wrapper_class(*args, **kwargs):
-            raise RuntimeError("injected: build_wrapper_class")
+        def wrapper_class(*args, **kwargs):
+            raise RuntimeError("injected: wrapper_class")
 
-        layout.build_wrapper_class = build_wrapper_class
+        layout.wrapper_class = wrapper_class
     """
     report, result = shard(injection, FSDP_AUTOPATCH_LOG="warning")
     assert report["result"]["sharded"] is unpatched["sharded"]
     assert report["result"].get("error") == unpatched.get("error")
     if layout_bug_here():  # a class was needed, and the log that was asked for says why there is none
-        assert "injected: build_wrapper_class" in result.stderr
+        assert report["status"]["applied"] is False, report["status"]
+        assert "self-check" in report["status"]["reason"]
+        assert "fsdp-autopatch failed: RuntimeError: injected: wrapper_class" in report["status"]["reason"]
+        assert "injected: wrapper_class" in result.stderr
 
 
 # torch "moves" the names this package patches: they are gone from the module global namespace

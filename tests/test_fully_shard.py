@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -287,3 +288,286 @@ def test_status_reports_versions_and_site(real_torch: dict[str, str]) -> None:
     assert json.loads(json.dumps(status)) == status
     error = shard_abc_head(FSDP_AUTOPATCH="0")["error"]
     assert (error is not None and LAYOUT_ERROR in error) is layout_bug_here()
+
+
+# A user's module classes whose construction has side effects: a registry that refuses a second
+# class of one name (its __init_subclass__) and a metaclass counting what it builds.
+CONSTRUCTION_HOOKS = """
+    import abc, json
+    import torch.distributed.fsdp, transformers
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    import fsdp_autopatch
+    from fsdp_autopatch import _verify
+
+    built = []
+
+    class Counting(abc.ABCMeta):
+        def __new__(meta, name, bases, namespace, **kwargs):
+            built.append(name)
+            return super().__new__(meta, name, bases, namespace, **kwargs)
+
+    class Registered(nn.Module):
+        registry = {}
+
+        def __init_subclass__(cls, **kwargs):
+            super().__init_subclass__(**kwargs)
+            if cls.__name__ in Registered.registry:
+                raise TypeError(f"duplicate registration {cls.__name__}")
+            Registered.registry[cls.__name__] = cls
+
+    class Block(Registered, metaclass=Counting):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+    class AbcBlock(abc.ABC, Registered, metaclass=Counting):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+    mesh = _verify.init_process_group()
+    report = {}
+    for cls in (Block, AbcBlock):
+        built.clear()
+        outcomes = []
+        for _ in range(2):
+            module = cls()
+            try:
+                fully_shard(module, mesh=mesh)
+                outcomes.append(type(module).__name__)
+            except TypeError as error:
+                outcomes.append(str(error))
+        report[cls.__name__] = {"outcomes": outcomes, "built": list(built),
+                                "registered": sorted(Registered.registry)}
+    report["classes"] = fsdp_autopatch.status().to_dict()["classes"]
+    print(json.dumps(report))
+"""
+
+
+def test_construction_hooks_run_once_per_class_as_without_the_patch() -> None:
+    """torch's own class is built once, by torch's call, and used: a registering
+    ``__init_subclass__`` and a counting metaclass see one construction per class, patched and
+    unpatched alike. Where CPython refuses torch's class, the compatible class would be a second
+    ``FSDP<Name>``: a registry that refuses it leaves torch's error, and the status says why."""
+    runs = {}
+    for mode in (None, "0"):
+        result = run_python(CONSTRUCTION_HOOKS, env=environment(FSDP_AUTOPATCH=mode))
+        assert result.returncode == 0, result.stderr[-4000:]
+        (runs[mode],) = json_lines(result.stdout)
+    patched, unpatched = runs[None], runs["0"]
+    assert patched["Block"] == unpatched["Block"] == {
+        "outcomes": ["FSDPBlock", "FSDPBlock"], "built": ["FSDPBlock"],
+        "registered": ["AbcBlock", "Block", "FSDPBlock"],
+    }
+    # torch alone: its FSDPAbcBlock is built and registered once, then refused by CPython (here).
+    assert unpatched["AbcBlock"]["built"] == ["FSDPAbcBlock"]
+    for outcome in unpatched["AbcBlock"]["outcomes"]:
+        assert (LAYOUT_ERROR in outcome) is layout_bug_here()
+    if layout_bug_here():
+        # The compatible FSDPAbcBlock is a second construction (documented): the metaclass runs
+        # for it, and this registry refuses it, so the module fails with torch's own error.
+        assert patched["AbcBlock"] == dict(unpatched["AbcBlock"], built=["FSDPAbcBlock"] * 2)
+        (record,) = [c for c in patched["classes"] if c["name"] == "AbcBlock"]
+        assert record["outcome"] == "refused"
+        assert "TypeError: duplicate registration FSDPAbcBlock" in record["reason"]
+    else:
+        assert patched["AbcBlock"] == unpatched["AbcBlock"]
+    assert {c["name"]: c["outcome"] for c in patched["classes"]}["Block"] == "torch"
+
+
+# What torch cached for an ABC module before the patch was installed, in the two orders that
+# install it late: transformers imported after the failure, and apply(force=True) after auto mode
+# declined (for a transformers without ABC heads).
+STALE_ENTRY = """
+    import abc, json, sys
+    import torch.distributed.fsdp
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard import _fully_shard
+    import fsdp_autopatch
+    from fsdp_autopatch import _verify
+
+    class Head(abc.ABC, nn.Linear):
+        pass
+
+    mesh = _verify.init_process_group()
+
+    def shard():
+        module = Head(4, 4)
+        try:
+            fully_shard(module, mesh=mesh)
+            return type(module).__name__
+        except TypeError as error:
+            return str(error)
+
+    report = {"before": shard(), "cached_before": Head in _fully_shard.cls_to_fsdp_cls}
+    if sys.argv[1] == "transformers":
+        import transformers
+    else:
+        import transformers
+        report["auto"] = fsdp_autopatch.status().to_dict()
+        fsdp_autopatch.apply(force=True)
+    report["after"] = shard()
+    report["status"] = fsdp_autopatch.status().to_dict()
+    print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("order", ["transformers", "force"])
+def test_a_class_that_failed_before_the_patch_shards_after_it(order: str, newer_transformers: Path) -> None:
+    """torch stores its refused ``FSDP<Name>`` before the swap fails; installing the patch
+    drops that entry, so the class gets a compatible one on its next ``fully_shard``."""
+    env = {} if order == "transformers" else {"PYTHONPATH": str(newer_transformers)}
+    reports = {}
+    for mode in (None, "0"):
+        result = run_python(f"import sys; sys.argv[1:] = [{order!r}]\n" + textwrap.dedent(STALE_ENTRY),
+                            env=environment(FSDP_AUTOPATCH=mode, **env))
+        assert result.returncode == 0, result.stderr[-4000:]
+        (reports[mode],) = json_lines(result.stdout)
+    patched, unpatched = reports[None], reports["0"]
+    if not layout_bug_here():
+        assert patched["after"] == unpatched["after"] == "FSDPHead"
+        return
+    for report in (patched, unpatched):
+        assert LAYOUT_ERROR in report["before"] and report["cached_before"] is True
+    assert LAYOUT_ERROR in unpatched["after"]
+    if order == "force":
+        assert patched["auto"]["applied"] is False and "not affected" in patched["auto"]["reason"]
+    assert patched["after"] == "FSDPHead" and patched["status"]["applied"] is True
+    (record,) = patched["status"]["classes"]
+    assert (record["name"], record["outcome"], record["parent"]) == ("Head", "compatible", "abc.ABC")
+
+
+# FSDPModule.reshard replaced (before and after the ABC class is built), restored, deleted: what
+# a plain module and an ABC module call each time.
+MONKEYPATCHED = """
+    import abc, json
+    import torch.distributed.fsdp, transformers
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from fsdp_autopatch import _verify
+
+    class Plain(nn.Linear):
+        pass
+
+    class Head(abc.ABC, nn.Linear):
+        pass
+
+    class Late(abc.ABC, nn.Linear):
+        pass
+
+    mesh = _verify.init_process_group()
+    real = FSDPModule.__dict__["reshard"]
+
+    def traced(self):
+        return "traced " + type(self).__name__
+
+    def shard(cls):
+        module = cls(4, 4)
+        try:
+            fully_shard(module, mesh=mesh)
+            return module
+        except TypeError as error:
+            return str(error)
+
+    def calls(*modules):
+        answers = []
+        for module in modules:
+            if isinstance(module, str):
+                answers.append("not sharded")
+                continue
+            try:
+                answer = module.reshard()
+                answers.append(answer if isinstance(answer, str) else "torch's reshard")
+            except AttributeError:
+                answers.append("no reshard")
+        return answers
+
+    plain, head = shard(Plain), shard(Head)
+    report = {"before": calls(plain, head)}
+    FSDPModule.reshard = traced
+    late = shard(Late)
+    report["replaced"] = calls(plain, head, late)
+    FSDPModule.reshard = real
+    report["restored"] = calls(plain, head, late)
+    del FSDPModule.reshard
+    report["deleted"] = calls(plain, head, late)
+    report["hasattr"] = [hasattr(type(m), "reshard") for m in (plain, head, late) if not isinstance(m, str)]
+    FSDPModule.reshard = real
+    print(json.dumps(report))
+"""
+
+
+def test_monkeypatches_of_fsdpmodule_reach_abc_modules_as_they_reach_others() -> None:
+    """A profiler or ``monkeypatch`` replacing ``FSDPModule.reshard``: ABC modules (sharded before
+    or after) call the replacement as plain modules do, go back with it, and lose it with it."""
+    result = run_python(MONKEYPATCHED)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (report,) = json_lines(result.stdout)
+    assert report == {
+        "before": ["torch's reshard"] * 2,
+        "replaced": ["traced FSDPPlain", "traced FSDPHead", "traced FSDPLate"],
+        "restored": ["torch's reshard"] * 3,
+        "deleted": ["no reshard"] * 3,
+        "hasattr": [False] * 3,
+    }, report
+    unpatched = run_python(MONKEYPATCHED, env=DISABLED)
+    assert unpatched.returncode == 0, unpatched.stderr[-4000:]
+    (alone,) = json_lines(unpatched.stdout)
+    assert alone["replaced"][0] == "traced FSDPPlain"
+    assert (alone["replaced"][1:] == ["not sharded"] * 2) is layout_bug_here()
+
+
+CLASSES_OF_A_RUN = """
+    import json
+    import torch.distributed.fsdp, transformers
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    import fsdp_autopatch
+    from fsdp_autopatch import _patch, _verify
+
+    mesh = _verify.init_process_group()
+    for kind in ("token-classification", "causal-lm"):
+        model = _verify.build_model(kind)
+        for layer in model.base_model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    before = fsdp_autopatch.status().to_dict()
+    # More classes than the status keeps.
+    for index in range(_patch.CLASS_RECORD_LIMIT + 20):
+        fully_shard(type(f"Block{index}", (nn.Linear,), {})(2, 2), mesh=mesh)
+    after = fsdp_autopatch.status().to_dict()
+    print(json.dumps({"heads": before, "many": {"kept": len(after["classes"]), "seen": after["classes_seen"],
+                      "limit": _patch.CLASS_RECORD_LIMIT}}))
+"""
+
+
+def test_status_lists_each_class_that_went_through_the_patched_site() -> None:
+    result = run_python(CLASSES_OF_A_RUN, env=environment(FSDP_AUTOPATCH_LOG="debug"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    (report,) = json_lines(result.stdout)
+    status = report["heads"]
+    assert json.loads(json.dumps(status)) == status
+    if not layout_bug_here():  # standing aside: nothing went through a patched site
+        assert status["classes"] == [] and status["classes_seen"] == 0
+        return
+    site = "torch.distributed.fsdp._fully_shard._fully_shard.cls_to_fsdp_cls"
+    module = "transformers.models.qwen2.modeling_qwen2"
+    assert status["classes"] == [
+        {"name": "Qwen2DecoderLayer", "module": module, "site": site, "wrapper": "FSDPQwen2DecoderLayer",
+         "outcome": "torch", "parent": None, "reason": None},
+        {"name": "Qwen2ForTokenClassification", "module": module, "site": site,
+         "wrapper": "FSDPQwen2ForTokenClassification", "outcome": "compatible", "parent": "abc.ABC",
+         "reason": None},
+        {"name": "Qwen2ForCausalLM", "module": module, "site": site, "wrapper": "FSDPQwen2ForCausalLM",
+         "outcome": "torch", "parent": None, "reason": None},
+    ]
+    assert status["classes_seen"] == 3
+    many = report["many"]
+    assert many == {"kept": many["limit"], "seen": 3 + many["limit"] + 20, "limit": many["limit"]}
+    # The log says it once per class, at the level of what happened.
+    log = [line for line in result.stderr.splitlines() if line.startswith("fsdp-autopatch")]
+    assert sum("built FSDPQwen2ForTokenClassification on abc.ABC" in line for line in log) == 1
+    assert sum("left transformers.models.qwen2.modeling_qwen2.Qwen2DecoderLayer to torch" in line
+               for line in log) == 1

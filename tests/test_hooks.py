@@ -93,30 +93,31 @@ PROBE_AND_SHARD = """
     import torch.distributed.fsdp
     from torch import nn
     from torch.distributed.fsdp import FSDPModule, fully_shard
-    from torch.distributed.fsdp._fully_shard import _fsdp_init, _fully_shard
+    from torch.distributed.fsdp._fully_shard import _fully_shard
     from fsdp_autopatch import _patch, _verify
 
     report = {"helper": _patch.probe_layout_bug()}
     report["cache_untouched"] = not any(
         "LayoutProbe" in cls.__name__ for cls in _fully_shard.cls_to_fsdp_cls)
-    # Without torch's helper, the probe builds the class with the formula every torch uses.
-    helper = _fsdp_init._apply_to_module
-    del _fsdp_init._apply_to_module
+    # Without torch's helper (as fully_shard finds it, in its own module), the probe builds the
+    # class with the code torch 2.4 - 2.10 run inline.
+    helper = _fully_shard._apply_to_module
+    del _fully_shard._apply_to_module
     report["formula"] = _patch.probe_layout_bug()
     # A helper that wants an argument the package does not know: it cannot tell, and says so.
     def unknown(modules, cls_to_wrapper_cls, wrapper_module_cls, wrapper_cls_prefix,
                 unimplemented_deepcopy, placement):
         raise AssertionError("never called")
-    _fsdp_init._apply_to_module = unknown
+    _fully_shard._apply_to_module = unknown
     report["unknown_signature"] = _patch.probe_layout_bug()
     # Keyword-only and reordered parameters are matched by name, not position.
     def reordered(*, unimplemented_deepcopy, wrapper_cls_prefix, wrapper_module_cls,
                   cls_to_wrapper_cls, modules, extra=None):
         return helper(modules, cls_to_wrapper_cls, wrapper_module_cls, wrapper_cls_prefix,
                       unimplemented_deepcopy)
-    _fsdp_init._apply_to_module = reordered
+    _fully_shard._apply_to_module = reordered
     report["reordered"] = _patch.probe_layout_bug()
-    _fsdp_init._apply_to_module = helper
+    _fully_shard._apply_to_module = helper
 
     class Head(abc.ABC, nn.Linear):
         pass
@@ -199,7 +200,9 @@ def test_unknown_fsdp2_layout_is_said_within_the_import(real_torch: dict[str, st
     first, second = json_lines(moved.stdout)
     status, expected = first["at_fsdp2"], first["expected"]
     assert status["applied"] is False and status["reason"] == expected
-    assert second["at_transformers"] == status
+    # The same decision; transformers' version is filled in once it is imported.
+    assert second["at_transformers"] == {**status, "transformers": real_torch["transformers"]}
+    assert status["transformers"] is None
     from fsdp_autopatch import __version__
 
     assert f"FSDP2 layout is unknown to fsdp-autopatch {__version__}" in expected
@@ -247,6 +250,9 @@ def test_locks_are_free_in_a_child_forked_while_a_thread_holds_them(installed: P
         class Wrapper:
             pass
 
+        class Original:
+            pass
+
         construction = _patch.Construction(Wrapper, "FSDP", lambda *a: None, "torch_stand_in")
         cache = _patch.LayoutFixingCache({}, construction, "stand-in")
         held, release = threading.Event(), threading.Event()
@@ -262,8 +268,7 @@ def test_locks_are_free_in_a_child_forked_while_a_thread_holds_them(installed: P
         if pid == 0:
             signal.alarm(20)  # a deadlocked child dies of SIGALRM instead of hanging the test
             _hooks.current_status()
-            cache.get(Wrapper)
-            os._exit(0)
+            os._exit(0 if cache.get(Original).__bases__ == (Wrapper, Original) else 3)
         _, code = os.waitpid(pid, 0)
         release.set()
         print(os.waitstatus_to_exitcode(code))
@@ -282,12 +287,14 @@ def test_hooks_register_when_stderr_is_none(installed: Path) -> None:
     assert result.stdout == f"{layout_bug_here()}\n"
 
 
-def test_replicate_import_running_when_the_patch_is_armed_is_said_once(real_torch: dict[str, str]) -> None:
+def test_replicate_import_running_when_the_patch_is_armed_is_patched_when_it_ends(
+    real_torch: dict[str, str]
+) -> None:
     """``apply()`` (no start-up file) while another thread is inside replicate_with_fsdp's import:
-    no hook will see that import end, so the status and one warning say replicate() runs
-    unpatched, and what to do."""
+    wrapt calls the hook at once, on the half-run module, and never again; the patch waits for
+    that import to finish and then patches replicate()'s site, with no warning."""
     result = run_python("""
-        import json, sys, threading, importlib.machinery
+        import json, sys, threading, time, importlib.machinery
         import fsdp_autopatch
         fsdp_autopatch.disarm()  # as in an interpreter that read no start-up file
         import torch.distributed.fsdp, transformers
@@ -317,18 +324,148 @@ def test_replicate_import_running_when_the_patch_is_armed_is_said_once(real_torc
         worker = threading.Thread(target=importlib.import_module, args=(NAME,))
         worker.start()
         entered.wait()
-        status = fsdp_autopatch.apply()
+        at_apply = fsdp_autopatch.apply().to_dict()
         release.set()
         worker.join()
-        print(json.dumps(status.to_dict()))
+        deadline = time.monotonic() + 30
+        while len(fsdp_autopatch.status().sites) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print(json.dumps({"at_apply": at_apply, "after": fsdp_autopatch.status().to_dict()}))
     """, env=environment(FSDP_AUTOPATCH_LOG="warning"))
     assert result.returncode == 0, result.stderr[-4000:]
-    (status,) = json_lines(result.stdout)
+    (report,) = json_lines(result.stdout)
+    assert warnings_of(result.stderr) == []
     if not layout_bug_here():
-        assert status["applied"] is False and warnings_of(result.stderr) == []
+        assert report["after"]["applied"] is False
         return
-    assert status["applied"] is True and len(status["sites"]) == 1
-    (warning,) = warnings_of(result.stderr)
-    message = warning.split("WARNING: ")[1]
-    assert message.startswith("replicate() runs unpatched: ") and "fsdp_autopatch.apply()" in message
-    assert message in status["reason"]
+    assert report["at_apply"]["sites"] == [f"{FULLY_SHARD_SITE}.cls_to_fsdp_cls"]
+    assert report["after"]["applied"] is True
+    assert report["after"]["sites"] == [f"{FULLY_SHARD_SITE}.cls_to_fsdp_cls",
+                                        "torch.distributed._composable.replicate_with_fsdp.cls_to_replicate_cls"]
+
+
+# torch's fully_shard made to read its class cache from another dict, as a torch that kept
+# cls_to_fsdp_cls but stopped using it would: the name in its bytecode is changed.
+READS_ANOTHER_DICT = """
+    import abc, inspect, json
+    import torch.distributed.fsdp
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard import _fully_shard
+
+    inner = inspect.unwrap(_fully_shard.fully_shard)
+    names = inner.__code__.co_names
+    inner.__code__ = inner.__code__.replace(
+        co_names=tuple("another_dict" if name == "cls_to_fsdp_cls" else name for name in names))
+    _fully_shard.another_dict = {}
+
+    import transformers
+    import fsdp_autopatch
+    from fsdp_autopatch import _verify
+
+    class Head(abc.ABC, nn.Linear):
+        pass
+
+    try:
+        fully_shard(Head(4, 4), mesh=_verify.init_process_group())
+        error = None
+    except TypeError as caught:
+        error = str(caught)
+    print(json.dumps({"status": fsdp_autopatch.status().to_dict(), "error": error,
+                      "cache": type(_fully_shard.cls_to_fsdp_cls).__name__}))
+"""
+
+
+def test_status_says_applied_only_after_the_fix_passed_its_self_check(real_torch: dict[str, str]) -> None:
+    """A torch whose fully_shard does not read the replaced cache: the self-check fails, the
+    status says unpatched and why, one warning, and torch's own dict is back."""
+    result = run_python(READS_ANOTHER_DICT, env=environment(FSDP_AUTOPATCH_LOG="warning"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    (report,) = json_lines(result.stdout)
+    assert_unpatched_torch(report)
+    if not layout_bug_here():  # nothing to patch, so nothing to check
+        assert report["status"]["applied"] is False and warnings_of(result.stderr) == []
+        return
+    status = report["status"]
+    assert status["applied"] is False and status["sites"] == [] and report["cache"] == "dict"
+    assert ("the fix failed its self-check, so fully_shard runs unpatched: torch's "
+            f"{FULLY_SHARD_SITE}.fully_shard does not read the global cls_to_fsdp_cls") in status["reason"]
+    assert warnings_of(result.stderr) == [f"fsdp-autopatch WARNING: {status['reason']}"]
+    # The same code with torch untouched passes the check.
+    untouched = run_python(READS_ANOTHER_DICT.replace("another_dict", "cls_to_fsdp_cls"))
+    (report,) = json_lines(untouched.stdout)
+    assert report["status"]["applied"] is True and report["error"] is None
+
+
+NEWER_UNPROBED = """
+    import json, sys
+    import torch
+    torch.__version__ = "2.99.0"  # newer than every row of the matrix
+    import torch.distributed.fsdp
+    from torch.distributed.fsdp._fully_shard import _fully_shard
+
+    def unknown(modules, cls_to_wrapper_cls, wrapper_module_cls, wrapper_cls_prefix,
+                unimplemented_deepcopy, placement):
+        raise AssertionError("never called")
+
+    helper, _fully_shard._apply_to_module = _fully_shard._apply_to_module, unknown
+    import transformers
+    _fully_shard._apply_to_module = helper
+    import fsdp_autopatch
+    print(json.dumps(fsdp_autopatch.status().to_dict()))
+"""
+
+
+def test_a_decision_that_cannot_tell_is_a_warning(real_torch: dict[str, str]) -> None:
+    """A torch newer than the matrix whose construction cannot be probed: not patched, and the
+    warning level (not only info) says so, since the heads may fail."""
+    result = run_python(NEWER_UNPROBED, env=environment(FSDP_AUTOPATCH_LOG="warning"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    (status,) = json_lines(result.stdout)
+    assert status["applied"] is False and status["in_matrix"] is None
+    assert "newer than the matrix" in status["reason"] and "could not be probed" in status["reason"]
+    assert warnings_of(result.stderr) == [
+        f"fsdp-autopatch WARNING: not patching (decided by the version matrix): {status['reason']}"]
+
+
+def test_unknown_layout_names_transformers_when_it_is_imported(real_torch: dict[str, str]) -> None:
+    code = """
+        import json
+        import transformers, torch.distributed.fsdp
+        import fsdp_autopatch
+        print(json.dumps(fsdp_autopatch.status().to_dict()))
+    """
+    moved = run_python(with_name_moved(FULLY_SHARD_SITE, "cls_to_fsdp_cls", code))
+    assert moved.returncode == 0, moved.stderr[-4000:]
+    (status,) = json_lines(moved.stdout)
+    assert "FSDP2 layout is unknown" in status["reason"]
+    assert status["transformers"] == real_torch["transformers"] and status["torch"] is not None
+
+
+# python -S (no start-up file), apply() while another thread is in the middle of importing
+# torch.distributed.fsdp: the hooks then see that import end.
+APPLY_DURING_IMPORT = """
+    import importlib, json, sys, threading, time
+    sys.path[:0] = {path!r}
+    import transformers
+    worker = threading.Thread(target=importlib.import_module, args=("torch.distributed.fsdp",))
+    worker.start()
+    time.sleep({delay})
+    import fsdp_autopatch
+    fsdp_autopatch.apply()
+    worker.join()
+    deadline = time.monotonic() + 30
+    while not fsdp_autopatch.status().applied and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(json.dumps(fsdp_autopatch.status().to_dict()))
+"""
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.005, 0.01])
+def test_apply_while_another_thread_imports_fsdp2(installed: Path, delay: float) -> None:
+    path = [str(installed), str(Path(fsdp_autopatch.__file__).parent.parent)]
+    result = run_python(APPLY_DURING_IMPORT.format(path=path, delay=delay), "-S")
+    assert result.returncode == 0, result.stderr[-4000:]
+    (status,) = json_lines(result.stdout)
+    assert status["applied"] is layout_bug_here(), status
+    assert not status["reason"].startswith("waiting"), status

@@ -154,11 +154,27 @@ def upstream(wrapper: type, cls: type) -> type:
     return type(f"FSDP{cls.__name__}", (wrapper, cls), {"__deepcopy__": None})
 
 
-def build(wrapper: type, cls: type, mirrors: Optional[_layout.WrapperMirrors] = None) -> Optional[type]:
-    return _layout.build_wrapper_class(
+def choose(
+    wrapper: type, cls: type, mirrors: Optional[_layout.WrapperMirrors] = None,
+    torchs: Optional[type] = None,
+) -> _layout.WrapperClass:
+    """The package's choice for ``cls``, given torch's own class (built here as torch would)."""
+    return _layout.wrapper_class(
         mirrors or _layout.WrapperMirrors(), wrapper, cls, f"FSDP{cls.__name__}",
-        {"__deepcopy__": None}, __name__,
+        {"__deepcopy__": None}, __name__, torchs or upstream(wrapper, cls),
     )
+
+
+def build(wrapper: type, cls: type, mirrors: Optional[_layout.WrapperMirrors] = None) -> Optional[type]:
+    """The compatible class built for ``cls``; None where torch's own is used; TypeError (with
+    the reason) where neither works."""
+    chosen = choose(wrapper, cls, mirrors)
+    if chosen.outcome == _layout.TORCH:
+        return None
+    if chosen.outcome == _layout.REFUSED:
+        raise TypeError(chosen.reason)
+    assert chosen.outcome == _layout.COMPATIBLE and chosen.parent is not None
+    return chosen.cls
 
 
 def outcome(wrapper: type, cls: type) -> Union[type, str, None]:
@@ -414,3 +430,121 @@ def test_replicate_chain_still_refuses_a_head_it_would_skip() -> None:
     assert not cpython_accepts(OwnApply, upstream(ReplicateOwnApply, OwnApply))
     with pytest.raises(TypeError, match="OwnApply defines _apply"):
         build(ReplicateOwnApply, OwnApply)
+
+
+def test_torchs_own_class_is_the_one_used_where_cpython_accepts_it() -> None:
+    """Not a copy built again: the very class torch's call made, so that its construction
+    (``__init_subclass__``, the metaclass) runs once, as without the patch."""
+    cls = SHAPES["plain_first_module_dict"]
+    torchs = upstream(Wrapper, cls)
+    chosen = choose(Wrapper, cls, torchs=torchs)
+    assert chosen.outcome == _layout.TORCH and chosen.cls is torchs
+
+
+def test_compatible_class_construction_runs_the_hooks_once_more_for_that_class_only() -> None:
+    """Where CPython refuses torch's class, the compatible class is a second construction of
+    ``FSDP<Name>``: its ``__init_subclass__`` runs for it (documented), once."""
+    made: list[str] = []
+
+    class Registering(typing.Generic[T], Module):
+        def __init_subclass__(cls, **kwargs: object) -> None:
+            super().__init_subclass__(**kwargs)  # type: ignore[call-arg]
+            made.append(cls.__name__)
+
+    torchs = upstream(Wrapper, Registering)
+    assert made == ["FSDPRegistering"]
+    chosen = choose(Wrapper, Registering, torchs=torchs)
+    assert chosen.outcome == _layout.COMPATIBLE and chosen.parent is typing.Generic
+    assert made == ["FSDPRegistering", "FSDPRegistering"]
+
+
+def test_a_class_whose_construction_hook_refuses_a_second_class_is_refused_not_raised() -> None:
+    """A registry that refuses a second ``FSDP<Name>``: the compatible class cannot be built, so
+    torch's own class is used and torch raises its usual layout error."""
+    registry: set[str] = set()
+
+    class Unique(typing.Generic[T], Module):
+        def __init_subclass__(cls, **kwargs: object) -> None:
+            super().__init_subclass__(**kwargs)  # type: ignore[call-arg]
+            if cls.__name__ in registry:
+                raise ValueError(f"duplicate registration {cls.__name__}")
+            registry.add(cls.__name__)
+
+    torchs = upstream(Wrapper, Unique)
+    chosen = choose(Wrapper, Unique, torchs=torchs)
+    assert chosen.outcome == _layout.REFUSED and chosen.cls is torchs
+    assert chosen.reason == "ValueError: duplicate registration FSDPUnique"
+
+
+class Described:
+    """A data descriptor, as a wrapper might define one."""
+
+    def __get__(self, instance: object, owner: Optional[type] = None) -> object:
+        return self if instance is None else instance.__dict__.get("_described", "unset")
+
+    def __set__(self, instance: object, value: object) -> None:
+        instance.__dict__["_described"] = value
+
+
+class LiveWrapper(Wrapper):
+    _orig_cls_mro_index = 3
+    described = Described()
+
+    def unshard(self) -> str:
+        return "unshard"
+
+
+@pytest.mark.parametrize("wrapper", [Wrapper, LiveWrapper], ids=["wrapper", "two_class_chain"])
+def test_monkeypatches_of_the_wrapper_reach_built_classes_as_they_reach_upstreams(wrapper: type) -> None:
+    """Replaced, restored and deleted on the real wrapper class, before and after the class is
+    built: the built class answers exactly as torch's own class does, on every step."""
+
+    class OwnReshard(typing.Generic[T], Module):
+        def reshard(self) -> str:
+            return "own reshard"
+
+    real = Wrapper.__dict__["reshard"]
+    built = build(wrapper, OwnReshard)  # a head that defines a wrapper name, before any patch
+    assert built is not None
+    instance = object.__new__(OwnReshard)
+    instance.__class__ = built
+    reference = object.__new__(upstream(wrapper, OwnReshard))
+
+    def answers(obj: object) -> object:
+        try:
+            return obj.reshard()  # type: ignore[attr-defined]
+        except AttributeError as error:
+            return type(error)
+
+    def traced(self: object) -> str:
+        return "traced"
+
+    try:
+        assert answers(instance) == answers(reference) == "reshard"
+        Wrapper.reshard = traced  # type: ignore[method-assign]
+        late = build(wrapper, make_class("Late", (typing.Generic[T], Module), {}))  # type: ignore[arg-type]
+        late_instance = object.__new__(late.__mro__[wrapper._orig_cls_mro_index])  # type: ignore[union-attr,attr-defined]
+        late_instance.__class__ = late
+        assert answers(instance) == answers(reference) == answers(late_instance) == "traced"
+        del Wrapper.reshard
+        # Gone from the wrapper: upstream's MRO then finds the head's own method, and so does this.
+        assert answers(instance) == answers(reference) == "own reshard"
+        assert answers(late_instance) is AttributeError
+        assert not hasattr(late, "reshard")
+    finally:
+        Wrapper.reshard = real  # type: ignore[method-assign]
+    assert answers(instance) == answers(reference) == "reshard"
+
+
+def test_data_descriptors_of_the_wrapper_stay_data_descriptors() -> None:
+    cls = SHAPES[ALWAYS_REFUSED[0]]
+    built = build(LiveWrapper, cls)
+    assert built is not None
+    instance = object.__new__(cls)
+    instance.__class__ = built
+    reference = object.__new__(upstream(LiveWrapper, cls))
+    for obj in (instance, reference):
+        assert obj.described == "unset"  # type: ignore[attr-defined]
+        obj.described = "set"  # type: ignore[attr-defined]
+        assert obj.described == "set" and obj.unshard() == "unshard"  # type: ignore[attr-defined]
+    assert built.described is LiveWrapper.__dict__["described"]  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ stated), not restated here.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Optional
 
 import pytest
@@ -14,19 +15,32 @@ from conftest import ROOT
 
 from fsdp_autopatch import _config, _matrix
 
+VERSIONS = [
+    ("2.8.0+cu128", (2, 8)), ("2.13.0a0+git1234abc", (2, 13)), ("2.9.0.dev20250801", (2, 9)),
+    ("4.55.0rc1", (4, 55)), ("2.13.0", (2, 13)), ("4.55.2", (4, 55, 2)), ("v2.4.1", (2, 4, 1)),
+    ("1!2.6.0", (2, 6)), ("4.55.2.post1", (4, 55, 2)), ("3.15.0a1", (3, 15)), (" 2.5.1 ", (2, 5, 1)),
+    ("2.6.0.dev0+cpu.cxx11.abi", (2, 6)), ("4.56.0-rc.1", (4, 56)),
+]
+NOT_VERSIONS = ["", "abc", "None", "2.8.0garbage", "2.8.0 rc1 x", "2..8", "2.8.0+", "+cu128", "2.8.0+cu 128"]
 
-@pytest.mark.parametrize(
-    ("version", "release"),
-    [("2.8.0+cu128", (2, 8)), ("2.9.0.dev20250801", (2, 9)), ("4.55.0rc1", (4, 55)),
-     ("2.13.0", (2, 13)), ("4.55.2", (4, 55, 2)), ("v2.4.1", (2, 4, 1)), ("1!2.6.0", (2, 6)),
-     ("4.55.2.post1", (4, 55, 2)), ("3.15.0a1", (3, 15))],
-)
-def test_release(version: str, release: tuple[int, ...]) -> None:
+
+@pytest.fixture(params=["packaging", "fallback"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``_matrix.release`` with packaging (where installed) and with its fallback grammar."""
+    if request.param == "packaging":
+        pytest.importorskip("packaging.version")
+    else:
+        monkeypatch.setitem(sys.modules, "packaging.version", None)  # import now raises ImportError
+    return str(request.param)
+
+
+@pytest.mark.parametrize(("version", "release"), VERSIONS)
+def test_release(reader: str, version: str, release: tuple[int, ...]) -> None:
     assert _matrix.release(version) == release
 
 
-@pytest.mark.parametrize("version", ["", "abc", "None"])
-def test_release_rejects_non_versions(version: str) -> None:
+@pytest.mark.parametrize("version", NOT_VERSIONS)
+def test_release_rejects_non_versions(reader: str, version: str) -> None:
     with pytest.raises(ValueError, match="not a version"):
         _matrix.release(version)
 

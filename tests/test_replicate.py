@@ -111,11 +111,15 @@ def replicate_and_train(order: str, **env: str) -> tuple[dict[str, Any], dict[st
     return status, {line["model"]: line for line in lines if "model" in line}
 
 
-@pytest.fixture(scope="module", params=ORDERS)
-def order(request: pytest.FixtureRequest, real_torch: dict[str, str]) -> str:
+@pytest.fixture(scope="module")
+def replicate_builds_classes(real_torch: dict[str, str]) -> None:
     if not _matrix.REPLICATE_ROW.covers(_matrix.release(real_torch["torch"])):
         pytest.skip(f"torch {real_torch['torch']}: replicate() builds Replicate<Name> classes only on "
                     f"torch {_matrix.REPLICATE_ROW.versions}")
+
+
+@pytest.fixture(scope="module", params=ORDERS)
+def order(request: pytest.FixtureRequest, replicate_builds_classes: None) -> str:
     return str(request.param)
 
 
@@ -160,3 +164,71 @@ def test_replicate_trains_abc_headed_and_plain_models(
     assert_trains_like_unreplicated(patched[PLAIN])
     assert patched[PLAIN]["upstream_bases"] is True
     assert patched[PLAIN]["wrapper"] == unpatched[PLAIN]["wrapper"]
+
+
+MONKEYPATCHED = """
+import abc, json
+import torch.distributed.fsdp, transformers
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
+from fsdp_autopatch import _verify
+
+class Plain(nn.Linear):
+    pass
+
+class Head(abc.ABC, nn.Linear):
+    pass
+
+mesh = _verify.init_process_group()
+modules = []
+for cls in (Plain, Head):
+    module = cls(4, 4)
+    try:
+        replicate(module, mesh=mesh)
+        modules.append(module)
+    except TypeError as error:
+        modules.append(None)
+
+def calls():
+    answers = []
+    for module in modules:
+        if module is None:
+            answers.append("not replicated")
+            continue
+        answer = module.reshard()
+        answers.append(answer if isinstance(answer, str) else "torch's reshard")
+    return answers
+
+real = FSDPModule.__dict__["reshard"]
+report = {"before": calls()}
+ReplicateModule.reshard = lambda self: "replicate's " + type(self).__name__  # a name it did not define
+report["added"] = calls()
+FSDPModule.reshard = lambda self: "fsdp's " + type(self).__name__
+report["both"] = calls()
+del ReplicateModule.reshard
+report["removed"] = calls()
+FSDPModule.reshard = real
+report["restored"] = calls()
+print(json.dumps(report))
+"""
+
+
+def test_monkeypatches_of_replicatemodule_reach_abc_modules_as_they_reach_others(
+    replicate_builds_classes: None,
+) -> None:
+    result = run_python(MONKEYPATCHED)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (report,) = json_lines(result.stdout)
+    assert report == {
+        "before": ["torch's reshard"] * 2,
+        "added": ["replicate's ReplicatePlain", "replicate's ReplicateHead"],
+        "both": ["replicate's ReplicatePlain", "replicate's ReplicateHead"],
+        "removed": ["fsdp's ReplicatePlain", "fsdp's ReplicateHead"],
+        "restored": ["torch's reshard"] * 2,
+    }, report
+    alone = run_python(MONKEYPATCHED, env=environment(FSDP_AUTOPATCH="0"))
+    assert alone.returncode == 0, alone.stderr[-4000:]
+    (report,) = json_lines(alone.stdout)
+    assert report["added"] == ["replicate's ReplicatePlain",
+                               "not replicated" if layout_bug_here() else "replicate's ReplicateHead"]

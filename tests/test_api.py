@@ -1,0 +1,86 @@
+"""``status()`` before and around the decision: what it says it waits for, and that it never
+waits for what is already imported or cannot come.
+
+Fast: throwaway environments whose torch and transformers are stand-ins written by the test
+(``conftest.fake_torch``), with FSDP2 packages that hold no ``fully_shard`` unless a test puts
+one somewhere. Claims about ``fully_shard`` itself are in test_fully_shard.py, on real torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+from conftest import Throwaway, fake_torch, fake_transformers, json_lines, make_throwaway, write_module
+
+STATUS = "import json, fsdp_autopatch; print(json.dumps(fsdp_autopatch.status().to_dict()))"
+
+
+def status_after(env: Throwaway, imports: str, mode: Optional[str] = None) -> dict[str, Any]:
+    result = env.run(f"{imports}\n{STATUS}", FSDP_AUTOPATCH=mode)
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    (status,) = json_lines(result.stdout)
+    return status
+
+
+@pytest.fixture
+def env(tmp_path: Path, installed: Path) -> Throwaway:
+    venv = make_throwaway(tmp_path / "venv", installed)
+    fake_transformers(venv.site)
+    return venv
+
+
+def torch_version(env: Throwaway, version: str) -> None:
+    fake_torch(env.site)
+    write_module(env.site, "torch", f'__version__ = "{version}"\n')
+
+
+@pytest.mark.parametrize(("imports", "mode", "reason"), [
+    ("import transformers", None, "waiting for FSDP2 (torch.distributed.fsdp) to be imported"),
+    ("import torch", None,
+     "armed: waiting for the first import of FSDP2 (torch.distributed.fsdp) or transformers"),
+    ("import torch; import fsdp_autopatch; fsdp_autopatch.apply()", None,
+     "waiting for FSDP2 (torch.distributed.fsdp) and transformers to be imported"),
+    ("import torch; import fsdp_autopatch; fsdp_autopatch.apply()", "force",
+     "waiting for FSDP2 (torch.distributed.fsdp) to be imported"),
+])
+def test_waiting_names_only_what_is_not_imported(
+    env: Throwaway, imports: str, mode: Optional[str], reason: str
+) -> None:
+    torch_version(env, "2.13.0")
+    assert status_after(env, imports, mode)["reason"] == reason
+
+
+def private_fsdp2(env: Throwaway) -> None:
+    """A torch whose FSDP2 lives only in a new private module that torch.distributed.fsdp does
+    not re-export."""
+    torch_version(env, "2.16.0")
+    write_module(env.site, "torch.distributed.fsdp._fsdp2_v2", "def fully_shard(module):\n    pass\n")
+
+
+@pytest.mark.parametrize("mode", [None, "force"])
+def test_fsdp2_where_the_package_does_not_look_is_said_not_waited_for(
+    env: Throwaway, mode: Optional[str]
+) -> None:
+    private_fsdp2(env)
+    status = status_after(env, "import torch.distributed.fsdp._fsdp2_v2, transformers", mode)
+    assert status["applied"] is False
+    assert status["reason"].startswith("torch 2.16.0's FSDP2 layout is unknown to fsdp-autopatch"), status
+    assert status["torch"] == "2.16.0" and status["transformers"] == "4.55.2"
+
+
+def test_fsdp1_of_torch_2_5_waits_for_its_fsdp2_package(env: Throwaway) -> None:
+    """torch 2.4 and 2.5 keep FSDP2 in torch.distributed._composable.fsdp; their
+    torch.distributed.fsdp is FSDP1, which has no layout bug to fix."""
+    torch_version(env, "2.5.1")
+    status = status_after(env, "import torch.distributed.fsdp, transformers")
+    assert status["reason"] == "waiting for FSDP2 (torch.distributed._composable.fsdp) to be imported"
+
+
+def test_torch_without_fsdp2_is_decided(env: Throwaway) -> None:
+    torch_version(env, "2.3.1")
+    status = status_after(env, "import torch.distributed.fsdp, transformers")
+    assert status["applied"] is False
+    assert status["reason"].startswith("torch 2.3.1 has no FSDP2 (")
+    assert status["reason"].endswith("nothing to patch")
