@@ -2,6 +2,7 @@
 
     python benchmarks/bench_torch.py shard --kinds causal-lm,abc-causal-lm --reps 6 --steps 20
     python benchmarks/bench_torch.py classes --instances 64
+    python benchmarks/bench_torch.py first-trip --classes 40
 
 Each run is one fresh process (the patch is per process: it is the installed ``.pth`` and
 ``FSDP_AUTOPATCH`` that decide, as for a user), one gloo rank on the CPU, and prints one JSON
@@ -183,6 +184,29 @@ def classes_benchmark(instances: int, models: int, mesh: Any) -> dict[str, Any]:
     return report
 
 
+def first_trip_benchmark(count: int, mesh: Any) -> dict[str, Any]:
+    """Seconds of the first ``fully_shard`` of each of ``count`` new classes, plain and ABC.
+
+    A class's first trip through the construction site is where the patch does its work: it
+    asks CPython whether torch's class fits, records the class, and for an ABC class builds a
+    compatible one. Later modules of the same class are cache hits, which ``classes`` measures.
+    Unpatched, the ABC classes fail, so they are sharded only when the patch is applied.
+    """
+    fully_shard = torch.distributed.fsdp.fully_shard
+    abc_too = fsdp_autopatch.status().applied
+    fully_shard(WarmupBlock(), mesh=mesh)
+    times: dict[str, list[float]] = {"plain": [], "abc": []}
+    for index in range(count):
+        kinds = {"plain": (Block,), "abc": (AbcHead, Block)} if abc_too else {"plain": (Block,)}
+        for kind, bases in kinds.items():
+            # A new class each time, so every call is a cache miss, as a model's first shard is.
+            module = type(f"{kind.title()}Trip{index}", bases, {})()
+            started = time.perf_counter()
+            fully_shard(module, mesh=mesh)
+            times[kind].append(time.perf_counter() - started)
+    return times
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -194,6 +218,8 @@ def main(argv: list[str]) -> int:
     classes_parser = commands.add_parser("classes")
     classes_parser.add_argument("--instances", type=int, default=64)
     classes_parser.add_argument("--models", type=int, default=8)
+    first_trip_parser = commands.add_parser("first-trip")
+    first_trip_parser.add_argument("--classes", type=int, default=40)
     options = parser.parse_args(argv)
 
     # One thread: per-op timings of tiny models on 2 cores are otherwise dominated by
@@ -205,6 +231,8 @@ def main(argv: list[str]) -> int:
         if options.command == "shard":
             kinds = options.kinds.split(",")
             result = shard_benchmark(kinds, options.reps, options.warmup, options.steps, mesh)
+        elif options.command == "first-trip":
+            result = first_trip_benchmark(options.classes, mesh)
         else:
             result = classes_benchmark(options.instances, options.models, mesh)
     finally:

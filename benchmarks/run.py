@@ -68,14 +68,18 @@ class Settings:
     shard_steps: int  # timed train steps per model
     class_instances: int
     class_models: int
+    first_trip_rounds: int  # alternated pairs of processes, patched and disabled
+    first_trip_classes: int  # new classes sharded per process
 
 
 FULL = Settings(startup_rounds=300, startup_importtime_runs=30, import_rounds=15, import_warmup=1,
                 import_importtime_runs=3,
-                shard_rounds=8, shard_reps=3, shard_steps=20, class_instances=64, class_models=8)
+                shard_rounds=8, shard_reps=3, shard_steps=20, class_instances=64, class_models=8,
+                first_trip_rounds=8, first_trip_classes=40)
 QUICK = Settings(startup_rounds=15, startup_importtime_runs=3, import_rounds=1, import_warmup=0,
                  import_importtime_runs=1,
-                 shard_rounds=1, shard_reps=1, shard_steps=3, class_instances=8, class_models=2)
+                 shard_rounds=1, shard_reps=1, shard_steps=3, class_instances=8, class_models=2,
+                 first_trip_rounds=1, first_trip_classes=4)
 
 
 def ratio_met(ratio: Ratio, target: str) -> str:
@@ -304,6 +308,32 @@ def classes(python: str, settings: Settings, cwd: str) -> tuple[list[Row], dict[
     return rows, output
 
 
+def first_trip(python: str, settings: Settings, cwd: str) -> tuple[list[Row], dict[str, Any]]:
+    """The first fully_shard of a new class, patched against ``FSDP_AUTOPATCH=0``, from fresh
+    processes alternated round by round; each ratio is one pair of processes (their medians)."""
+    work = ("first-trip", "--classes", str(settings.first_trip_classes))
+    runs = {label: (lambda env=env: torch_child(python, cwd, env, *work))
+            for label, env in (("patched", clean_environment()), ("disabled", clean_environment(**OFF)))}
+    outputs = alternate(runs, rounds=settings.first_trip_rounds, warmup=0)
+    for label, applied in (("patched", True), ("disabled", False)):
+        for output in outputs[label]:
+            expect_status(output, applied, f"{label} first-trip run")
+
+    def medians(label: str, kind: str) -> list[float]:
+        return [statistics.median(output["result"][kind]) for output in outputs[label]]
+
+    plain_row, plain = comparison_row(
+        "`fully_shard`, a plain class's first trip through the site: patched (B) vs `FSDP_AUTOPATCH=0` (A)",
+        medians("disabled", "plain"), medians("patched", "plain"), "1.00 within noise")
+    # Inside the patched processes, class by class: what building the compatible class costs.
+    abc_row, abc_data = comparison_row(
+        "`fully_shard`, an ABC class's first trip (B) vs a plain class's (A), patched",
+        [value for output in outputs["patched"] for value in output["result"]["plain"]],
+        [value for output in outputs["patched"] for value in output["result"]["abc"]],
+        "- (builds a class)")
+    return [plain_row, abc_row], {"plain": plain, "abc": abc_data}
+
+
 def measure(name: str, errors: list[str], results: dict[str, Any], rows: list[Row],
             run: Callable[[], tuple[list[Row], dict[str, Any]]]) -> None:
     """Run one benchmark; a failure is recorded and the others still run."""
@@ -362,6 +392,7 @@ def run_all(options: argparse.Namespace, settings: Settings, work: Path) -> dict
         measure("training_import", errors, results, rows, lambda: training_import(python, settings, cwd))
         measure("sharding", errors, results, rows, lambda: sharding(python, settings, cwd))
         measure("classes", errors, results, rows, lambda: classes(python, settings, cwd))
+        measure("first_trip", errors, results, rows, lambda: first_trip(python, settings, cwd))
     startup_v, torch_v = versions["startup envs"], versions.get("torch env", {})
     return {
         "meta": {

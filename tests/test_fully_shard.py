@@ -245,19 +245,32 @@ def test_users_own_abc_generic_and_collections_abc_modules(real_torch: dict[str,
 
 
 NEWER_TRANSFORMERS = "4.57.6"
+# The release right after the affected ones: the same heads, without abc.ABC.
+FIRST_FIXED_TRANSFORMERS = "4.55.3"
+
+
+def shadowing_transformers(request: pytest.FixtureRequest, version: str) -> Path:
+    """transformers ``version`` in a directory that shadows the environment's 4.55.2 on PYTHONPATH."""
+    target = Path(request.config.cache.mkdir(f"transformers-{version}"))
+    if not (target / "transformers").is_dir():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "--target", str(target), f"transformers=={version}"],
+            check=True, timeout=900,
+        )
+    return target
 
 
 @pytest.fixture(scope="session")
 def newer_transformers(request: pytest.FixtureRequest, real_torch: dict[str, str]) -> Path:
-    """transformers 4.57.6 (no ABC heads) in a directory that shadows the environment's 4.55.2."""
-    target = Path(request.config.cache.mkdir(f"transformers-{NEWER_TRANSFORMERS}"))
-    if not (target / "transformers").is_dir():
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "--target", str(target), f"transformers=={NEWER_TRANSFORMERS}"],
-            check=True, timeout=900,
-        )
-    return target
+    """transformers 4.57.6 (no ABC heads), ahead of the environment's 4.55.2."""
+    return shadowing_transformers(request, NEWER_TRANSFORMERS)
+
+
+@pytest.fixture(scope="session")
+def first_fixed_transformers(request: pytest.FixtureRequest, real_torch: dict[str, str]) -> Path:
+    """transformers 4.55.3 (its heads dropped abc.ABC), ahead of the environment's 4.55.2."""
+    return shadowing_transformers(request, FIRST_FIXED_TRANSFORMERS)
 
 
 @pytest.mark.parametrize(("mode", "applied"), [(None, False), ("force", True)])
@@ -571,3 +584,132 @@ def test_status_lists_each_class_that_went_through_the_patched_site() -> None:
     assert sum("built FSDPQwen2ForTokenClassification on abc.ABC" in line for line in log) == 1
     assert sum("left transformers.models.qwen2.modeling_qwen2.Qwen2DecoderLayer to torch" in line
                for line in log) == 1
+
+
+# Module classes whose creation has side effects, each as a plain class (torch's class fits) and
+# with abc.ABC first (it does not): descriptors with __set_name__, an __init_subclass__ that
+# decorates, a metaclass that applies a class decorator and keeps a registry, functools.cache
+# keyed on the class, cached_property. Every side effect lands in ``events``, in order.
+SIDE_EFFECTS = """
+    import abc, functools, json
+    import torch, torch.distributed.fsdp, transformers
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    import fsdp_autopatch
+    from fsdp_autopatch import _verify
+
+    events = []
+
+    class Named:
+        def __set_name__(self, owner, name):
+            events.append(f"set_name {owner.__name__}.{name}")
+
+        def __get__(self, instance, owner):
+            return f"named on {owner.__name__}"
+
+    def stamped(cls):
+        events.append(f"decorated {cls.__name__}")
+        cls.stamp = cls.__name__
+        return cls
+
+    class Decorating(abc.ABCMeta):
+        registry = {}
+
+        def __new__(meta, name, bases, namespace, **kwargs):
+            cls = stamped(super().__new__(meta, name, bases, namespace, **kwargs))
+            Decorating.registry.setdefault(name, []).append(cls)
+            return cls
+
+    @functools.cache
+    def describe(cls):
+        events.append(f"described {cls.__name__}")
+        return [c.__name__ for c in cls.__mro__[:3]]
+
+    class Base(nn.Module, metaclass=Decorating):
+        named = Named()
+
+        def __init_subclass__(cls, **kwargs):
+            super().__init_subclass__(**kwargs)
+            events.append(f"init_subclass {cls.__name__}")
+
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        @functools.cached_property
+        def size(self):
+            events.append(f"cached_property on {type(self).__name__}")
+            return self.linear.in_features
+
+        def forward(self, x):
+            return self.linear(x)
+
+    class Plain(Base):
+        pass
+
+    class Head(abc.ABC, Base):
+        pass
+
+    mesh = _verify.init_process_group()
+    report = {}
+    for cls in (Plain, Head):
+        events.clear()
+        module = cls()
+        try:
+            fully_shard(module, mesh=mesh)
+            fully_shard(cls(), mesh=mesh)  # the second module of the class: a cache hit
+            kind = type(module)
+            outcome = {
+                "class": kind.__name__, "mro": [c.__name__ for c in kind.__mro__[:3]],
+                "is_fsdp": isinstance(module, FSDPModule), "named": module.named,
+                "stamp": kind.stamp, "describe": describe(kind), "size": [module.size, module.size],
+                "output": list(module(torch.ones(1, 4)).shape),
+                "registered": len(Decorating.registry.get(kind.__name__, [])),
+            }
+        except TypeError as error:
+            outcome = {"error": str(error)}
+        report[cls.__name__] = {"outcome": outcome, "events": list(events)}
+    report["applied"] = fsdp_autopatch.status().applied
+    print(json.dumps(report))
+"""
+
+
+def test_classes_with_creation_side_effects_match_torch_alone(first_fixed_transformers: Path) -> None:
+    """Patched, with ``FSDP_AUTOPATCH=0``, and beside transformers 4.55.3 (whose heads need no
+    patch): a plain class sees the same side effects and outcome in all three. An ABC class
+    shards patched as it does with the patch forced beside 4.55.3, and fails without it."""
+    fixed = {"PYTHONPATH": str(first_fixed_transformers)}
+    runs = {}
+    for label, env in {"patched": {}, "disabled": {"FSDP_AUTOPATCH": "0"}, "fixed": fixed,
+                       "fixed-forced": dict(fixed, FSDP_AUTOPATCH="force")}.items():
+        result = run_python(SIDE_EFFECTS, env=environment(**env))
+        assert result.returncode == 0, result.stderr[-4000:]
+        (runs[label],) = json_lines(result.stdout)
+    bug = layout_bug_here()
+    assert [runs[label]["applied"] for label in runs] == [bug, False, False, True]
+    plain = runs["patched"]["Plain"]
+    for label in runs:
+        assert runs[label]["Plain"] == plain, label
+    assert plain["outcome"] == {
+        "class": "FSDPPlain", "mro": ["FSDPPlain", "FSDPModule", "Plain"], "is_fsdp": True,
+        "named": "named on FSDPPlain", "stamp": "FSDPPlain", "describe": ["FSDPPlain", "FSDPModule", "Plain"],
+        "size": [4, 4], "output": [1, 4], "registered": 1,
+    }
+    # torch's one construction: the metaclass decorates it, __init_subclass__ runs once.
+    assert plain["events"] == ["init_subclass FSDPPlain", "decorated FSDPPlain", "described FSDPPlain",
+                               "cached_property on FSDPPlain"]
+    head = runs["patched"]["Head"]
+    assert runs["fixed-forced"]["Head"] == head
+    assert runs["disabled"]["Head"] == runs["fixed"]["Head"]
+    if not bug:
+        assert head == runs["disabled"]["Head"]
+        return
+    assert LAYOUT_ERROR in runs["disabled"]["Head"]["outcome"]["error"]
+    assert head["outcome"] == dict(plain["outcome"], **{
+        "class": "FSDPHead", "mro": ["FSDPHead", "FSDPModule", "Head"], "named": "named on FSDPHead",
+        "stamp": "FSDPHead", "describe": ["FSDPHead", "FSDPModule", "Head"], "registered": 2,
+    })
+    # torch's class is built and refused, then the compatible class: the documented second
+    # construction, with its side effects, for this class only.
+    assert head["events"] == ["init_subclass FSDPHead", "decorated FSDPHead"] * 2 + [
+        "described FSDPHead", "cached_property on FSDPHead"]
