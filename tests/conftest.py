@@ -103,13 +103,42 @@ SHARD_ABC_HEAD = """
 """
 
 
-def shard_abc_head(*flags: str, calls: str = "pass", **env: Optional[str]) -> dict[str, Any]:
-    """Shard ``class Head(abc.ABC, nn.Linear)`` in a fresh interpreter after importing torch's
-    FSDP2 and transformers and running ``calls``; the status before and after, and the error."""
-    result = run_python(SHARD_ABC_HEAD.format(calls=calls), *flags, env=environment(**env))
+def shard_abc_head(
+    *flags: str, calls: str = "pass", prelude: str = "", **env: Optional[str]
+) -> dict[str, Any]:
+    """Shard ``class Head(abc.ABC, nn.Linear)`` in a fresh interpreter after running ``prelude``,
+    importing torch's FSDP2 and transformers and running ``calls``; the status before and after,
+    and the error."""
+    code = textwrap.dedent(prelude) + textwrap.dedent(SHARD_ABC_HEAD.format(calls=calls))
+    result = run_python(code, *flags, env=environment(**env))
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     return report
+
+
+# A finder that asks every other finder on sys.meta_path, as some import tools and test
+# frameworks do: the watcher, asked by it in turn, must not ask it back.
+DELEGATING_FINDER = """
+import sys
+
+
+class Delegating:
+    def find_spec(self, name, path=None, target=None):
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    return spec
+
+
+watcher = [i for i, f in enumerate(sys.meta_path) if type(f).__name__ == "FirstImportWatcher"]
+sys.meta_path.insert(watcher[0] + {offset} if watcher else 0, Delegating())
+"""
+
+
+def delegating_finder(position: str) -> str:
+    """Code that puts the delegating finder "ahead" of the start-up watcher or "behind" it."""
+    return DELEGATING_FINDER.replace("{offset}", "0" if position == "ahead" else "1")
 
 
 # --- throwaway environments --------------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 from conftest import (
     LAYOUT_ERROR,
     SCENARIO,
+    delegating_finder,
     environment,
     json_lines,
     layout_bug_here,
@@ -287,6 +288,19 @@ def test_newer_transformers_is_left_alone_unless_forced(
         # force is the way out.
         assert (report["error"] is not None and LAYOUT_ERROR in report["error"]) is layout_bug_here()
         assert f"transformers {NEWER_TRANSFORMERS} is not affected" in report["after"]["reason"]
+
+
+@pytest.mark.parametrize("position", ["ahead", "behind"])
+def test_a_finder_that_asks_every_finder_leaves_the_fix_working(position: str) -> None:
+    """Real torch and transformers imported through a finder that asks every finder, the start-up
+    watcher included: no recursion, and the fix is there (force mode too) or gone (switched off)."""
+    prelude = delegating_finder(position)
+    for mode in (None, "force"):
+        report = shard_abc_head(prelude=prelude, FSDP_AUTOPATCH=mode)
+        assert report["error"] is None
+        assert report["after"]["applied"] is (layout_bug_here() or mode == "force")
+    error = shard_abc_head(prelude=prelude, FSDP_AUTOPATCH="0")["error"]
+    assert (error is not None and LAYOUT_ERROR in error) is layout_bug_here()
 
 
 def test_status_reports_versions_and_site(real_torch: dict[str, str]) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from conftest import (
     ROOT,
+    delegating_finder,
     environment,
     fake_torch,
     fake_transformers,
@@ -177,37 +178,22 @@ def test_status_says_when_the_pth_did_not_run(installed: Path) -> None:
 
 
 
-# A finder that asks every other finder on sys.meta_path, as some import tools and test
-# frameworks do: the watcher, asked by it in turn, must not ask it back.
-DELEGATING_FINDER = """
-import sys
-
-
-class Delegating:
-    def find_spec(self, name, path=None, target=None):
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    return spec
-
-
-sys.meta_path.insert(1, Delegating())
-"""
-
-
-@pytest.mark.parametrize("imports", ["transformers", "torch.distributed.fsdp"])
+@pytest.mark.parametrize("position", ["ahead", "behind"])
+@pytest.mark.parametrize("imports", ["torch.distributed.fsdp, transformers",
+                                     "transformers, torch.distributed.fsdp"])
 def test_a_finder_that_asks_every_finder_imports_as_without_the_package(
-    tmp_path: Path, installed: Path, imports: str
+    tmp_path: Path, installed: Path, position: str, imports: str
 ) -> None:
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site)
     fake_transformers(env.site)
-    for mode in (None, "0"):
-        result = env.run(DELEGATING_FINDER + after(imports), FSDP_AUTOPATCH=mode)
-        state = state_of(result)
+    finder = delegating_finder(position)
+    for mode in (None, "force", "0"):
+        result = env.run(finder + after(imports), FSDP_AUTOPATCH=mode)
+        state = state_of(result)  # no RecursionError, nothing on stderr
         assert state["watchers"] == [], state
-        assert ("fsdp_autopatch._hooks" in state["ours"]) is (mode is None), state
+        assert ("fsdp_autopatch._hooks" in state["ours"]) is (mode != "0"), state
+
 
 # --- what arms: FSDP2 or transformers, never torch alone --------------------------------------
 
