@@ -1,6 +1,7 @@
 """The ``fsdp-autopatch`` command: check a training environment in one line of a Dockerfile or CI step.
 
-This module parses the command line, dispatches, and owns the console. ``doctor`` (``_doctor``)
+This module parses the command line and dispatches; what it shares with the commands (console,
+exit codes, names) lives in ``_console``, so that imports go downward only. ``doctor`` (``_doctor``)
 reads installed metadata and site configuration without importing torch or transformers, so it
 answers in well under a second. ``verify`` (``_verify_command``) proves the fix for real: it runs
 ``python -m fsdp_autopatch._verify`` under torch's own launcher with this Python, where the
@@ -10,20 +11,12 @@ installed start-up file is what patches each rank, exactly as in a training proc
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from importlib import metadata
-from typing import IO, Any, ClassVar, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import fsdp_autopatch
-
-PROG = "fsdp-autopatch"
-DISTRIBUTION = "fsdp-autopatch"
-PACKAGES = ("torch", "transformers")
-
-EXIT_OK = 0
-EXIT_BROKEN = 1  # the bug is present and would not be (doctor --strict) or was not (verify) fixed
-EXIT_CANNOT_RUN = 2  # also argparse's exit code for a usage error
+from fsdp_autopatch import _doctor, _verify, _verify_command
+from fsdp_autopatch._console import DISTRIBUTION, EXIT_CANNOT_TELL, PROG, Console
 
 EXIT_CODES_HELP = """\
 exit codes:
@@ -34,75 +27,6 @@ exit codes:
   2  usage error, or verify cannot run here (torch or transformers missing, no
      torch.distributed or gloo, the process group did not form, --timeout reached)
 """
-
-
-class Console:
-    """Where output goes: details and progress can be silenced, verdicts and warnings cannot.
-
-    The streams are looked up when something is written, not when the console is made, so that
-    output follows ``sys.stdout``/``sys.stderr`` when a caller (or a test) replaces them.
-    """
-
-    COLOURS: ClassVar[dict[str, str]] = {"green": "32", "red": "31", "yellow": "33", "bold": "1", "dim": "2"}
-
-    def __init__(self, quiet: bool, out: Optional[IO[str]] = None, err: Optional[IO[str]] = None) -> None:
-        self.quiet = quiet
-        self._out = out
-        self._err = err
-
-    @property
-    def out(self) -> IO[str]:
-        return self._out if self._out is not None else sys.stdout
-
-    @property
-    def err(self) -> IO[str]:
-        return self._err if self._err is not None else sys.stderr
-
-    def paint(self, text: str, colour: str, on_err: bool = False) -> str:
-        if not colour_wanted(self.err if on_err else self.out):
-            return text
-        return f"\x1b[{self.COLOURS[colour]}m{text}\x1b[0m"
-
-    def detail(self, text: str) -> None:
-        if not self.quiet:
-            write(self.out, text)
-
-    def progress(self, text: str) -> None:
-        if not self.quiet:
-            write(self.err, text)
-
-    def verdict(self, text: str, colour: str) -> None:
-        write(self.out, self.paint(text, colour))
-
-    def warning(self, text: str) -> None:
-        write(self.err, self.paint(text, "yellow", on_err=True))
-
-
-def write(stream: Optional[IO[str]], text: str) -> None:
-    # pythonw and some service managers run with sys.stdout/sys.stderr set to None.
-    if stream is not None:
-        print(text, file=stream, flush=True)
-
-
-def colour_wanted(stream: IO[str]) -> bool:
-    # https://no-color.org; TERM=dumb is what editors and some CI runners set for plain terminals.
-    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
-        return False
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def installed_version(package: str) -> Optional[str]:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-# ---------------------------------------------------------------------------------------------
-# the command line
 
 
 def positive_int(text: str) -> int:
@@ -126,9 +50,6 @@ def add_quiet(parser: argparse.ArgumentParser, default: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # Imported here, not at the top: both import this module's console and exit codes.
-    from fsdp_autopatch import _doctor, _verify, _verify_command
-
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Check that PyTorch FSDP2 fully_shard works on models with abc.ABC ahead of "
@@ -182,12 +103,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         options = parser.parse_args(argv)
     except SystemExit as exit:  # --help, --version and usage errors: argparse has printed them
-        return exit.code if isinstance(exit.code, int) else EXIT_CANNOT_RUN
+        return exit.code if isinstance(exit.code, int) else EXIT_CANNOT_TELL
     if options.command is None:
         parser.print_usage(sys.stderr)
         print(f"{PROG}: choose a command: doctor (check this environment) or verify (prove the fix)",
               file=sys.stderr)
-        return EXIT_CANNOT_RUN
+        return EXIT_CANNOT_TELL
     console = Console(quiet=options.quiet or options.json)
     try:
         return int(options.run(options, console))

@@ -21,7 +21,15 @@ from typing import Any, Optional
 
 import fsdp_autopatch
 from fsdp_autopatch import _config, _matrix, _patch
-from fsdp_autopatch._cli import DISTRIBUTION, EXIT_BROKEN, EXIT_OK, PACKAGES, PROG, Console, installed_version
+from fsdp_autopatch._console import (
+    DISTRIBUTION,
+    EXIT_BROKEN,
+    EXIT_OK,
+    PACKAGES,
+    PROG,
+    Console,
+    installed_version,
+)
 
 PTH_NAME = "fsdp_autopatch.pth"
 START_NAME = "fsdp_autopatch.start"

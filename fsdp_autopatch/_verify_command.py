@@ -27,9 +27,9 @@ from typing import IO, Any, Iterator, Optional
 
 import fsdp_autopatch
 from fsdp_autopatch import _config, _verify
-from fsdp_autopatch._cli import (
+from fsdp_autopatch._console import (
     EXIT_BROKEN,
-    EXIT_CANNOT_RUN,
+    EXIT_CANNOT_TELL,
     EXIT_OK,
     PACKAGES,
     PROG,
@@ -255,13 +255,13 @@ def last_line(text: str, otherwise: str) -> str:
 def verify_verdict(run: VerifyRun, timeout: float) -> tuple[int, str]:
     """The exit code and the one line that says what happened and what to do."""
     if run.cannot_run:
-        return EXIT_CANNOT_RUN, f"cannot verify: {run.cannot_run}"
+        return EXIT_CANNOT_TELL, f"cannot verify: {run.cannot_run}"
     if run.timed_out:
-        return EXIT_CANNOT_RUN, (f"cannot verify: not finished within {timeout:g} s "
+        return EXIT_CANNOT_TELL, (f"cannot verify: not finished within {timeout:g} s "
                                  f"({len(run.results)} of {len(run.models)} models done); "
                                  "rerun with a larger --timeout on a less loaded machine")
     if run.crash and run.status is None:
-        return EXIT_CANNOT_RUN, f"cannot verify: {run.crash}"
+        return EXIT_CANNOT_TELL, f"cannot verify: {run.crash}"
     grade = run.grade()
     failed = [result for result in run.results if not grade.ok[result["model"]]]
     status = run.status or {}

@@ -460,9 +460,9 @@ def test_verify_always_runs_the_causal_lm_as_the_control() -> None:
 
 
 def test_console_writes_to_the_streams_of_the_moment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fsdp_autopatch import _cli
+    from fsdp_autopatch import _console
 
-    console = _cli.Console(quiet=False)
+    console = _console.Console(quiet=False)
     out, err = io.StringIO(), io.StringIO()
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(sys, "stderr", err)

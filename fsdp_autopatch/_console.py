@@ -1,0 +1,85 @@
+"""What the command's modules share: names, exit codes, the console.
+
+``_cli`` imports ``_doctor`` and ``_verify_command``, and all three import this module; it
+imports nothing of theirs, so the command's modules import downward only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib import metadata
+from typing import IO, ClassVar, Optional
+
+PROG = "fsdp-autopatch"
+DISTRIBUTION = "fsdp-autopatch"
+PACKAGES = ("torch", "transformers")
+
+EXIT_OK = 0
+EXIT_BROKEN = 1  # the bug is present and would not be (doctor --strict) or was not (verify) fixed
+EXIT_CANNOT_TELL = 2  # verify cannot run here; also argparse's exit code for a usage error
+
+
+class Console:
+    """Where output goes: details and progress can be silenced, verdicts and warnings cannot.
+
+    The streams are looked up when something is written, not when the console is made, so that
+    output follows ``sys.stdout``/``sys.stderr`` when a caller (or a test) replaces them.
+    """
+
+    COLOURS: ClassVar[dict[str, str]] = {"green": "32", "red": "31", "yellow": "33", "bold": "1", "dim": "2"}
+
+    def __init__(self, quiet: bool, out: Optional[IO[str]] = None, err: Optional[IO[str]] = None) -> None:
+        self.quiet = quiet
+        self._out = out
+        self._err = err
+
+    @property
+    def out(self) -> IO[str]:
+        return self._out if self._out is not None else sys.stdout
+
+    @property
+    def err(self) -> IO[str]:
+        return self._err if self._err is not None else sys.stderr
+
+    def paint(self, text: str, colour: str, on_err: bool = False) -> str:
+        if not colour_wanted(self.err if on_err else self.out):
+            return text
+        return f"\x1b[{self.COLOURS[colour]}m{text}\x1b[0m"
+
+    def detail(self, text: str) -> None:
+        if not self.quiet:
+            write(self.out, text)
+
+    def progress(self, text: str) -> None:
+        if not self.quiet:
+            write(self.err, text)
+
+    def verdict(self, text: str, colour: str) -> None:
+        write(self.out, self.paint(text, colour))
+
+    def warning(self, text: str) -> None:
+        write(self.err, self.paint(text, "yellow", on_err=True))
+
+
+def write(stream: Optional[IO[str]], text: str) -> None:
+    # pythonw and some service managers run with sys.stdout/sys.stderr set to None.
+    if stream is not None:
+        print(text, file=stream, flush=True)
+
+
+def colour_wanted(stream: IO[str]) -> bool:
+    # https://no-color.org; TERM=dumb is what editors and some CI runners set for plain terminals.
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def installed_version(package: str) -> Optional[str]:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
