@@ -1,22 +1,31 @@
 """The ``fsdp-autopatch`` command: check a training environment in one line of a Dockerfile or CI step.
 
-This module parses the command line and dispatches; what it shares with the commands (console,
-exit codes, names) lives in ``_console``, so that imports go downward only. ``doctor`` (``_doctor``)
-reads installed metadata and site configuration without importing torch or transformers, so it
-answers in well under a second. ``verify`` (``_verify_command``) proves the fix for real: it runs
-``python -m fsdp_autopatch._verify`` under torch's own launcher with this Python, where the
-installed start-up file is what patches each rank, exactly as in a training process.
+This module parses the command line, dispatches, and turns a closed pipe and Ctrl-C into quiet
+exits. ``doctor`` (``_doctor``) reads installed metadata and site configuration without
+importing torch or transformers, so it answers in well under a second.
+``verify`` (``_verify_command``) proves the fix for real: it runs ``python -m
+fsdp_autopatch._verify`` under torch's own launcher with this Python, where the installed
+start-up file is what patches each rank, exactly as in a training process. What the three share
+(console, exit codes, names) lives in ``_console``; imports go downward only.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import IO, Any, Optional, Sequence
 
 import fsdp_autopatch
 from fsdp_autopatch import _doctor, _verify, _verify_command
-from fsdp_autopatch._console import DISTRIBUTION, EXIT_CANNOT_TELL, PROG, Console
+from fsdp_autopatch._console import (
+    DISTRIBUTION,
+    EXIT_CANNOT_TELL,
+    EXIT_CLOSED_PIPE,
+    EXIT_INTERRUPTED,
+    PROG,
+    Console,
+)
 
 EXIT_CODES_HELP = """\
 exit codes:
@@ -26,7 +35,22 @@ exit codes:
      (or a rank crash while sharding and training)
   2  usage error, or verify cannot run here (torch or transformers missing, no
      torch.distributed or gloo, the process group did not form, --timeout reached)
+  130  interrupted by Ctrl-C (verify stops its ranks first)
+  141  whatever reads the output went away (`| head -1`): the rest is dropped
+       silently, and the code is the one a shell reports for coreutils there
 """
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, except that a closed pipe under ``--help`` or ``--version`` is not
+    swallowed: argparse ignores OSError when it prints, which would make ``--help | head -1``
+    exit 0 where every other output exits 141."""
+
+    def _print_message(self, message: str, file: Optional[IO[str]] = None) -> None:
+        if message:
+            write_to = file if file is not None else sys.stderr
+            if write_to is not None:
+                write_to.write(message)
 
 
 def positive_int(text: str) -> int:
@@ -50,7 +74,7 @@ def add_quiet(parser: argparse.ArgumentParser, default: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         description="Check that PyTorch FSDP2 fully_shard works on models with abc.ABC ahead of "
                     "nn.Module (transformers 4.54.0-4.55.2 heads) in this Python environment.",
@@ -99,6 +123,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command; a closed pipe and Ctrl-C end it quietly, with their own exit codes."""
+    command: list[Optional[str]] = [None]
+    try:
+        code = dispatch(argv, command)
+        # Output still buffered (argparse's --help) meets a closed pipe here, not at exit.
+        flush_standard_streams()
+        return code
+    except BrokenPipeError:
+        silence_closed_pipe()
+        return EXIT_CLOSED_PIPE
+    except KeyboardInterrupt:
+        said = f"{PROG} {command[0]}" if command[0] else PROG
+        try:
+            print(f"{said}: interrupted", file=sys.stderr, flush=True)
+        except (OSError, ValueError, AttributeError):
+            pass
+        return EXIT_INTERRUPTED
+
+
+def dispatch(argv: Optional[Sequence[str]], command: list[Optional[str]]) -> int:
     parser = build_parser()
     try:
         options = parser.parse_args(argv)
@@ -109,8 +153,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROG}: choose a command: doctor (check this environment) or verify (prove the fix)",
               file=sys.stderr)
         return EXIT_CANNOT_TELL
+    command[0] = options.command
     console = Console(quiet=options.quiet or options.json)
+    return int(options.run(options, console))
+
+
+def flush_standard_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+
+
+def silence_closed_pipe() -> None:
+    """Point stdout and stderr at the null device: Python flushes them again at exit, and the
+    closed pipe would make that flush print "Exception ignored ... BrokenPipeError" (the remedy
+    the signal module's documentation gives, in its note on SIGPIPE)."""
     try:
-        return int(options.run(options, console))
-    except KeyboardInterrupt:
-        return 130
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (AttributeError, OSError, ValueError):  # None, or no descriptor (a StringIO)
+                pass
+    finally:
+        os.close(devnull)

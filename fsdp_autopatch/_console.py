@@ -18,6 +18,11 @@ PACKAGES = ("torch", "transformers")
 EXIT_OK = 0
 EXIT_BROKEN = 1  # the bug is present and would not be (doctor --strict) or was not (verify) fixed
 EXIT_CANNOT_TELL = 2  # verify cannot run here; also argparse's exit code for a usage error
+# 128 + SIGPIPE: what a shell reports for a coreutils command whose reader went away
+# (``yes | head -1``). Python ignores SIGPIPE, so the command says it with its exit code.
+EXIT_CLOSED_PIPE = 141
+# 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C.
+EXIT_INTERRUPTED = 130
 
 
 class Console:
