@@ -1,4 +1,4 @@
-"""What the command's modules share: names, exit codes, the console.
+"""What the command's modules share: names, exit codes, the install command, the console.
 
 ``_cli`` imports ``_doctor`` and ``_verify_command``, and all three import this module; it
 imports nothing of theirs, so the command's modules import downward only.
@@ -15,9 +15,22 @@ PROG = "fsdp-autopatch"
 DISTRIBUTION = "fsdp-autopatch"
 PACKAGES = ("torch", "transformers")
 
+# pyproject.toml's [project.urls] Source; tests/test_cli_help.py keeps the two in step.
+SOURCE_URL = "https://github.com/fsdp-autopatch/fsdp-autopatch"
+# The package is not on PyPI: a bare "pip install fsdp-autopatch" would find nothing (or
+# someone else's upload), so every install the command suggests names the repository.
+INSTALL_REQUIREMENT = f"fsdp-autopatch @ git+{SOURCE_URL}"
+INSTALL_COMMAND = f'pip install "{INSTALL_REQUIREMENT}"'
+REINSTALL_COMMAND = f'pip install --force-reinstall "{INSTALL_REQUIREMENT}"'
+
 EXIT_OK = 0
-EXIT_BROKEN = 1  # the bug is present and would not be (doctor --strict) or was not (verify) fixed
-EXIT_CANNOT_TELL = 2  # verify cannot run here; also argparse's exit code for a usage error
+# doctor --strict: the bug is present (or FSDP_AUTOPATCH=force asks for the patch) and the
+# patch will not be applied; verify: a model failed, or a rank crashed while sharding.
+EXIT_BROKEN = 1
+# No verdict: a usage error (argparse's code), verify cannot run here, or doctor cannot tell
+# from files alone (a torch newer than the matrix, an FSDP2 layout it does not recognise, a
+# source tree instead of an installation).
+EXIT_CANNOT_TELL = 2
 # 128 + SIGPIPE: what a shell reports for a coreutils command whose reader went away
 # (``yes | head -1``). Python ignores SIGPIPE, so the command says it with its exit code.
 EXIT_CLOSED_PIPE = 141
