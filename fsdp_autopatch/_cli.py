@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "causal LM), fully_shard each layer and the root on a gloo CPU group, and "
                     "train next to an unsharded copy, in ranks that torch's own launcher "
                     "(python -m torch.distributed.run) starts with this Python, so that the "
-                    "installed start-up file is what patches them. It takes "
+                    "installed start-up file is what patches them. Each rank then reports the "
+                    "classes the patch built, which verify prints per rank. It takes "
                     f"{VERIFY_SECONDS} (measured; more ranks and a busy machine take longer).",
         epilog=VERIFY_EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
