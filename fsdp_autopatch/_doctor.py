@@ -1,34 +1,137 @@
-"""``fsdp-autopatch doctor``: does this environment have the bug, and will the installed patch fix it?
+"""``fsdp-autopatch doctor``: does this environment have the bug, and is the installed patch set up to fix it?
 
-It answers from installed metadata, the version matrix and this interpreter's site configuration,
-and never imports torch or transformers, so it takes well under a second. What it cannot see,
-training processes find out for themselves: there the patch asks torch and CPython directly
-whether the class swap fails, and ``fsdp-autopatch verify`` shows that answer.
+It answers from installed metadata, the version matrix, this interpreter's site configuration
+and torch's source files, read with ``ast``; it never imports torch or transformers, so it takes
+well under a second. Reading files cannot prove the fix: in training processes the patch asks
+torch and CPython directly, and ``fsdp-autopatch verify`` shows their answer.
+
+Its verdict is one of three: OK (nothing wrong in what it checked), PROBLEM (the bug is present
+and the patch will not be applied) and CANNOT TELL (files cannot answer: a torch newer than the
+matrix, an FSDP2 layout it does not recognise, a source tree instead of an installation).
+``--strict`` turns them into exit codes 0, 1 and 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import platform
+import re
 import site
 import sys
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
+from importlib import machinery, metadata, util
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Sequence
+from urllib.parse import unquote, urlparse
 
 import fsdp_autopatch
 from fsdp_autopatch import _config, _matrix, _patch
-from fsdp_autopatch._cli import DISTRIBUTION, EXIT_BROKEN, EXIT_OK, PACKAGES, PROG, Console, installed_version
+from fsdp_autopatch._console import (
+    DISTRIBUTION,
+    EXIT_BROKEN,
+    EXIT_CANNOT_TELL,
+    EXIT_OK,
+    INSTALL_COMMAND,
+    PACKAGES,
+    PROG,
+    REINSTALL_COMMAND,
+    Console,
+    installed_version,
+)
 
 PTH_NAME = "fsdp_autopatch.pth"
 START_NAME = "fsdp_autopatch.start"
 
+# The verdict's first word, and what --strict exits with for it.
+OK, PROBLEM, CANNOT_TELL = "OK", "PROBLEM", "CANNOT TELL"
+STRICT_EXIT = {OK: EXIT_OK, PROBLEM: EXIT_BROKEN, CANNOT_TELL: EXIT_CANNOT_TELL}
+
 
 def same_path(a: Path, b: Path) -> bool:
     return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
+
+
+# ---------------------------------------------------------------------------------------------
+# which fsdp_autopatch this is: an installation, or a source tree
+
+
+INSTALLED, EDITABLE, SOURCE_TREE, UNOWNED = "installed", "editable", "source tree", "not installed"
+
+
+@dataclass(frozen=True)
+class Installation:
+    kind: str
+    detail: str
+    source_tree: Optional[Path] = None  # the checkout, when doctor runs from one
+
+
+def is_source_tree(directory: Path) -> bool:
+    """A checkout (or unpacked sdist) of this project: its pyproject.toml names the distribution."""
+    try:
+        text = (directory / "pyproject.toml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    named = re.search(r'^name\s*=\s*"fsdp-autopatch"\s*$', text, re.MULTILINE) is not None
+    return named and (directory / "fsdp_autopatch" / "__init__.py").is_file()
+
+
+def editable_directory(distribution: metadata.Distribution) -> Optional[Path]:
+    """The directory an editable install points at (PEP 610's direct_url.json), or None."""
+    try:
+        document = json.loads(distribution.read_text("direct_url.json") or "null")
+    except ValueError:
+        return None
+    if not isinstance(document, dict) or not (document.get("dir_info") or {}).get("editable"):
+        return None
+    url = urlparse(str(document.get("url", "")))
+    return Path(unquote(url.path)) if url.scheme == "file" else None
+
+
+def check_installation(package: Optional[Path] = None) -> Installation:
+    """Is the fsdp_autopatch this process imported an installed one? A checkout's sources are
+    imported when doctor runs from the checkout's root (``python -m`` puts the working directory
+    first on ``sys.path``), and they say nothing about what training processes of this Python
+    load at start-up."""
+    package = Path(fsdp_autopatch.__file__).resolve().parent if package is None else package
+    root = package.parent
+    checkout = root if is_source_tree(root) else None
+    try:
+        distribution: Optional[metadata.Distribution] = metadata.distribution(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        distribution = None
+    installed_at: Optional[Path] = None
+    if distribution is not None:
+        installed = Path(str(distribution.locate_file("fsdp_autopatch/__init__.py")))
+        editable = editable_directory(distribution)
+        if installed.is_file():
+            if same_path(installed.parent, package):
+                return Installation(INSTALLED, f"installed: {package}")
+            installed_at = installed.parent
+        elif editable is not None:
+            if same_path(editable, root):
+                return Installation(EDITABLE, f"an editable install of {root}")
+            installed_at = editable / "fsdp_autopatch"
+    if checkout is not None:
+        if installed_at is not None:
+            return Installation(SOURCE_TREE, (
+                f"doctor is looking at the source tree {checkout}, not at the installed "
+                f"fsdp-autopatch ({installed_at}), because it runs from that directory; run it "
+                "from another directory"), checkout)
+        return Installation(SOURCE_TREE, (
+            f"doctor is looking at the source tree {checkout}, not at an installation: "
+            f"fsdp-autopatch is not installed for {sys.executable}, so no start-up file patches "
+            f"its processes; install it: pip install . (in {checkout}), then run doctor from "
+            "another directory"), checkout)
+    if installed_at is not None:
+        return Installation(UNOWNED, f"{package} is not the installed fsdp-autopatch ({installed_at})")
+    return Installation(UNOWNED, f"{package} belongs to no installed distribution (a PYTHONPATH copy?)")
+
+
+# ---------------------------------------------------------------------------------------------
+# the start-up file
 
 
 @dataclass
@@ -50,8 +153,9 @@ def site_directories() -> list[Path]:
     return directories
 
 
-def find_startup_file(name: str) -> Optional[Path]:
-    """The installed file, looked for beside the distribution first, then in every site directory."""
+def find_startup_file(name: str, skip: Optional[Path] = None) -> Optional[Path]:
+    """The installed file, looked for beside the distribution first, then in every site directory
+    and ``sys.path`` entry; ``skip``: a source tree, whose copy is no installed file."""
     candidates: list[Path] = []
     try:
         candidates.append(Path(str(metadata.distribution(DISTRIBUTION).locate_file(""))))
@@ -60,6 +164,8 @@ def find_startup_file(name: str) -> Optional[Path]:
     candidates.extend(site_directories())
     candidates.extend(Path(entry) for entry in sys.path if entry)
     for directory in candidates:
+        if skip is not None and same_path(directory, skip):
+            continue
         if (directory / name).is_file():
             return directory / name
     return None
@@ -88,20 +194,21 @@ def site_reads(directory: Path) -> tuple[bool, str]:
                    "environment, or call fsdp_autopatch.apply() in the training script")
 
 
-def check_startup() -> StartupCheck:
-    pth, start = find_startup_file(PTH_NAME), find_startup_file(START_NAME)
+def check_startup(skip: Optional[Path] = None) -> StartupCheck:
+    pth, start = find_startup_file(PTH_NAME, skip), find_startup_file(START_NAME, skip)
     # PEP 829: from Python 3.15 a matching .start file replaces the .pth import line, and from
     # 3.18 .pth import lines are not run at all.
     uses_start = sys.version_info >= (3, 15) and start is not None
     used = start if uses_start else pth
     if used is None:
         return StartupCheck(pth, start, None, False,
-                            f"{PTH_NAME} is not installed; reinstall: pip install --force-reinstall "
-                            f"{DISTRIBUTION}")
+                            f"{PTH_NAME} is not installed; install it: {INSTALL_COMMAND}"
+                            if skip is not None else
+                            f"{PTH_NAME} is not installed; reinstall: {REINSTALL_COMMAND}")
     if not uses_start and sys.version_info >= (3, 18):
         return StartupCheck(pth, start, used, False,
                             f"Python 3.18+ ignores import lines in .pth files and {START_NAME} is "
-                            f"missing; reinstall: pip install --force-reinstall {DISTRIBUTION}")
+                            f"missing; reinstall: {REINSTALL_COMMAND}")
     read, detail = site_reads(used.parent)
     return StartupCheck(pth, start, used, read, detail)
 
@@ -115,10 +222,347 @@ def check_wrapt() -> tuple[Optional[str], Optional[str]]:
     return str(getattr(wrapt, "__version__", "unknown")), None
 
 
+# ---------------------------------------------------------------------------------------------
+# torch's FSDP2 layout, read from its source files
+
+
+# Ends every answer about torch's layout: reading source cannot run torch's construction, which
+# the patch's own self-check does in training processes and verify shows.
+PROOF = f"doctor reads files only; `{PROG} verify` is the proof"
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp,
+           ast.DictComp, ast.GeneratorExp)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def module_file(name: str, search: Optional[Sequence[str]] = None) -> Optional[Path]:
+    """The source file of module ``name``, found as the import system finds it, without running
+    it or its packages: the top-level package with ``importlib.util.find_spec`` (or in the
+    directories ``search``), each module below it in its parent's directories."""
+    parts = name.split(".")
+    try:
+        spec = (util.find_spec(parts[0]) if search is None
+                else machinery.PathFinder.find_spec(parts[0], list(search)))
+        for end in range(2, len(parts) + 1):
+            locations = getattr(spec, "submodule_search_locations", None)
+            if spec is None or locations is None:
+                return None
+            spec = machinery.PathFinder.find_spec(".".join(parts[:end]), list(locations))
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None)
+    if spec is None or not origin or not spec.has_location:
+        return None
+    path = Path(origin)
+    return path if path.suffix == ".py" and path.is_file() else None
+
+
+def _module_statements(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
+    """Statements that run in the module's own scope: ``if``, ``try`` and ``with`` blocks included."""
+    for statement in body:
+        yield statement
+        if isinstance(statement, (ast.If, ast.For, ast.While, ast.With)):
+            yield from _module_statements([*statement.body, *getattr(statement, "orelse", [])])
+        elif isinstance(statement, ast.Try) or type(statement).__name__ == "TryStar":
+            handlers = [node for handler in statement.handlers for node in handler.body]  # type: ignore[attr-defined]
+            yield from _module_statements([*statement.body, *handlers, *statement.orelse,  # type: ignore[attr-defined]
+                                           *statement.finalbody])  # type: ignore[attr-defined]
+
+
+def _is_overload(function: ast.AST) -> bool:
+    return any((isinstance(d, ast.Name) and d.id == "overload")
+               or (isinstance(d, ast.Attribute) and d.attr == "overload")
+               for d in getattr(function, "decorator_list", []))
+
+
+@dataclass
+class ModuleScope:
+    """What a module binds at its top level, read from its syntax tree."""
+
+    functions: dict[str, ast.AST] = field(default_factory=dict)  # the definition that wins
+    values: dict[str, Optional[ast.expr]] = field(default_factory=dict)  # last assigned value
+    names: set[str] = field(default_factory=set)  # every top-level name: defs, classes, imports
+
+
+def module_scope(tree: ast.Module) -> ModuleScope:
+    scope = ModuleScope()
+    for statement in _module_statements(tree.body):
+        if isinstance(statement, _FUNCTIONS):
+            scope.names.add(statement.name)
+            if not _is_overload(statement):
+                scope.functions[statement.name] = statement
+            scope.values.pop(statement.name, None)
+        elif isinstance(statement, ast.ClassDef):
+            scope.names.add(statement.name)
+            scope.functions.pop(statement.name, None)
+        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+            for alias in statement.names:
+                name = alias.asname or alias.name.split(".")[0]
+                scope.names.add(name)
+                scope.functions.pop(name, None)
+                scope.values[name] = None
+        elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            for target in targets:
+                for node in ast.walk(target):
+                    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                        scope.names.add(node.id)
+                        scope.functions.pop(node.id, None)
+                        whole = isinstance(target, ast.Name) and not isinstance(statement, ast.AugAssign)
+                        scope.values[node.id] = statement.value if whole else None
+    return scope
+
+
+def _is_dict(value: Optional[ast.expr]) -> bool:
+    """``{}``, ``{...}``, a dict comprehension or ``dict(...)``: what the patch can replace."""
+    if isinstance(value, (ast.Dict, ast.DictComp)):
+        return True
+    return (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id == "dict")
+
+
+def _scope_parts(node: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
+    """What a scope evaluates where it is written, and what runs in the scope itself."""
+    if isinstance(node, _FUNCTIONS):
+        defaults = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+        return [*node.decorator_list, *defaults], list(node.body)
+    if isinstance(node, ast.Lambda):
+        return [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)], [node.body]
+    if isinstance(node, ast.ClassDef):
+        return [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)], list(node.body)
+    generators = node.generators  # type: ignore[attr-defined]
+    results = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]  # type: ignore[attr-defined]
+    first = generators[0]
+    inner: list[ast.AST] = [first.target, *first.ifs, *results]
+    for generator in generators[1:]:
+        inner += [generator.target, generator.iter, *generator.ifs]
+    return [first.iter], inner
+
+
+def _walk_scope(nodes: Sequence[ast.AST]) -> Iterator[ast.AST]:
+    """Every node that runs in the scope these nodes belong to; nested scopes are yielded, with
+    what they evaluate here, but not entered."""
+    stack = list(reversed(nodes))
+    while stack:
+        node = stack.pop()
+        yield node
+        children = _scope_parts(node)[0] if isinstance(node, _SCOPES) else list(ast.iter_child_nodes(node))
+        stack.extend(reversed(children))
+
+
+def _bindings(scope: ast.AST) -> tuple[set[str], set[str]]:
+    """The names a scope binds for itself, and those it declares ``global``."""
+    bound: set[str] = set()
+    declared: set[str] = set()
+    arguments = getattr(scope, "args", None)
+    if isinstance(arguments, ast.arguments):
+        every = [*getattr(arguments, "posonlyargs", []), *arguments.args, *arguments.kwonlyargs,
+                 arguments.vararg, arguments.kwarg]
+        bound.update(argument.arg for argument in every if argument is not None)
+    for node in _walk_scope(_scope_parts(scope)[1]):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (*_FUNCTIONS, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.Global):
+            declared.update(node.names)
+        elif isinstance(node, ast.Nonlocal):
+            bound.update(node.names)  # an enclosing function's, so not the module's
+    return bound - declared, declared
+
+
+@dataclass
+class FunctionReads:
+    """What a function's code (nested functions included) reads, by how it reads it."""
+
+    globals: set[str] = field(default_factory=set)  # ast.Name loads that resolve to the module
+    locals: set[str] = field(default_factory=set)  # ast.Name loads of a name bound in a function
+    attributes: set[str] = field(default_factory=set)  # ``anything.name`` loads
+    calls: set[str] = field(default_factory=set)  # module-level names it calls
+    # Calls of the module's ``type`` with three arguments: (the bases tuple's first name, node).
+    type_calls: list[Optional[str]] = field(default_factory=list)
+
+
+def read_function(function: ast.AST) -> FunctionReads:
+    reads = FunctionReads()
+    _read_scope(function, frozenset(), reads)
+    return reads
+
+
+def _read_scope(scope: ast.AST, enclosing: frozenset[str], reads: FunctionReads) -> None:
+    bound, declared = _bindings(scope)
+    visible = (enclosing - declared) | bound
+
+    def is_global(name: str) -> bool:
+        return name in declared or name not in visible
+
+    for node in _walk_scope(_scope_parts(scope)[1]):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            (reads.globals if is_global(node.id) else reads.locals).add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            reads.attributes.add(node.attr)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and is_global(node.func.id):
+            reads.calls.add(node.func.id)
+            if node.func.id == "type" and len(node.args) == 3 and not node.keywords:
+                bases = node.args[1]
+                first = bases.elts[0] if isinstance(bases, ast.Tuple) and bases.elts else None
+                reads.type_calls.append(first.id if isinstance(first, ast.Name) else None)
+        elif isinstance(node, _SCOPES):
+            # A class body's names are not visible in the functions written in it.
+            _read_scope(node, enclosing if isinstance(scope, ast.ClassDef) else visible, reads)
+
+
+@dataclass(frozen=True)
+class SiteReading:
+    """Whether a module's source has one of the class-construction sites the patch knows."""
+
+    found: bool
+    detail: str  # found: what reads what; else what is missing
+    wrapper: Optional[str] = None
+    chain: tuple[str, ...] = ()  # the entry function, then the functions down to the reader
+
+
+def read_site(site: _patch.Site, source: str, filename: str = "<torch>") -> SiteReading:
+    """Does this source have ``site``: the wrapper class, the deep-copy stub, the cache global (a
+    dict), and the entry function that reads that global by name (an ``ast.Name`` load that
+    resolves to the module, not an attribute or a local), itself or through functions of this
+    module it calls; for a site without a cache, that calls the module's ``type`` with the
+    wrapper class first in the bases. Raises SyntaxError or ValueError for unparsable source."""
+    scope = module_scope(ast.parse(source, filename=filename))
+    wrapper = next((name for name in site.wrappers if name in scope.names), None)
+    if wrapper is None:
+        return SiteReading(False, f"no {' or '.join(site.wrappers)} class")
+    if site.deepcopy not in scope.names:
+        return SiteReading(False, f"no {site.deepcopy}")
+    if site.cache is not None:
+        if site.cache not in scope.names:
+            return SiteReading(False, f"no global {site.cache}", wrapper)
+        if not _is_dict(scope.values.get(site.cache)):
+            return SiteReading(False, f"the global {site.cache} is not assigned a dict", wrapper)
+    if site.entry not in scope.functions:
+        return SiteReading(False, f"no function {site.entry}", wrapper)
+    attribute = local = False
+    paths: dict[str, tuple[str, ...]] = {site.entry: (site.entry,)}
+    pending = [site.entry]
+    while pending:
+        name = pending.pop(0)
+        reads = read_function(scope.functions[name])
+        if site.cache is not None and site.cache in reads.globals:
+            return SiteReading(True, _reads_text(paths[name], f"the global {site.cache}"), wrapper,
+                               paths[name])
+        if site.cache is None and wrapper in reads.type_calls and "type" not in scope.names:
+            return SiteReading(True, _reads_text(paths[name], f"type, calling type(..., ({wrapper}, "
+                                                               "cls), ...)"), wrapper, paths[name])
+        attribute = attribute or (site.cache or "") in reads.attributes
+        local = local or (site.cache or "type") in reads.locals
+        for callee in sorted(reads.calls):
+            if callee in scope.functions and callee not in paths:
+                paths[callee] = (*paths[name], callee)
+                pending.append(callee)
+    read = site.cache or "type"
+    seen = [f"it reads {read} as an attribute"] * attribute + [f"a local {read} hides the global"] * local
+    how = f" ({' and '.join(seen)})" if seen else ""
+    if site.cache is None:
+        return SiteReading(False, f"{site.entry} (and the functions of this module it calls) never "
+                                  f"builds a class with the global type and {wrapper} first{how}",
+                           wrapper)
+    return SiteReading(False, f"{site.entry} (and the functions of this module it calls) never reads "
+                              f"the global {site.cache}{how}", wrapper)
+
+
+def _reads_text(chain: tuple[str, ...], what: str) -> str:
+    if len(chain) == 1:
+        return f"{chain[0]} reads {what}"
+    return f"{chain[0]} reads {what} through {' -> '.join(chain[1:])}"
+
+
+@dataclass(frozen=True)
+class LayoutAnswer:
+    """``known``: True: a site the patch knows is in torch's files; False: torch's files hold
+    none of them (a layout unknown to this version); None: cannot tell, or nothing to tell."""
+
+    known: Optional[bool]
+    text: str
+    site: Optional[str] = None
+    file: Optional[str] = None
+    wrapper: Optional[str] = None
+    doubt: bool = False  # None because torch's files cannot answer, not because there is no FSDP2
+
+
+def check_layout(torch_version: Optional[str], search: Optional[Sequence[str]] = None) -> LayoutAnswer:
+    """Whether the installed torch has one of the class-construction sites the patch knows,
+    read from its source files without importing it. ``search``: directories to find torch in
+    instead of ``sys.path``."""
+    if torch_version is None:
+        return LayoutAnswer(None, "torch is not installed")
+    try:
+        row = _matrix.row_for(_matrix.TORCH_ROWS, torch_version)
+    except ValueError:
+        row = None
+    if row is not None and not row.affected:
+        return LayoutAnswer(None, f"torch {torch_version} has no FSDP2")
+    torch_init = module_file("torch", search)
+    if torch_init is None:
+        return LayoutAnswer(None, f"cannot tell: torch {torch_version} is installed, but no torch "
+                                  f"package with source files is importable here; {PROOF}", doubt=True)
+    top = torch_init.parent.parent
+    missing: dict[Path, list[str]] = {}
+    for known_site in _patch.FULLY_SHARD_SITES:
+        source_file = module_file(known_site.module, search)
+        if source_file is None:
+            continue
+        shown = str(source_file.relative_to(top)) if _inside(source_file, top) else str(source_file)
+        try:
+            reading = read_site(known_site, source_file.read_text(encoding="utf-8"), str(source_file))
+        except (OSError, UnicodeDecodeError) as error:
+            return LayoutAnswer(None, f"cannot tell: {shown} cannot be read ({error}); {PROOF}",
+                                file=str(source_file), doubt=True)
+        except (SyntaxError, ValueError) as error:
+            return LayoutAnswer(None, f"cannot tell: this Python cannot parse {shown} ({error}); {PROOF}",
+                                file=str(source_file), doubt=True)
+        if reading.found:
+            return LayoutAnswer(True, f"known: {known_site.name}: {reading.detail} (wrapper class "
+                                      f"{reading.wrapper}, in {shown}); {PROOF}",
+                                known_site.name, str(source_file), reading.wrapper)
+        # Two sites can share a module (with and without a cache): say what each found missing.
+        details = missing.setdefault(source_file, [])
+        if reading.detail not in details:
+            details.append(reading.detail)
+    unknown = (f"torch {torch_version}'s FSDP2 layout is unknown to fsdp-autopatch "
+               f"{fsdp_autopatch.__version__}")
+    if not missing:
+        modules = ", ".join(dict.fromkeys(site.module for site in _patch.FULLY_SHARD_SITES))
+        return LayoutAnswer(False, f"{unknown}: none of the modules where it looks for the class "
+                                   f"construction is in torch's files ({modules}); {PROOF}")
+    found = "; ".join(f"{path.relative_to(top) if _inside(path, top) else path}: {', and '.join(details)}"
+                      for path, details in missing.items())
+    return LayoutAnswer(False, f"{unknown}: {found}; {PROOF}", file=str(next(iter(missing))))
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        path.relative_to(directory)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# the report and its verdict
+
+
 @dataclass
 class DoctorReport:
     version: str
     package_path: str
+    # INSTALLED, EDITABLE, SOURCE_TREE or UNOWNED, and what that means here.
+    installation: str
+    installation_detail: str
+    source_tree: Optional[str]
     python: str
     executable: str
     torch: Optional[str]
@@ -133,9 +577,14 @@ class DoctorReport:
     # Always the matrix here: doctor imports no torch. Training processes ask a probe first.
     decided_by: str
     # True: a class-construction site the patch knows is in torch's source files; False: none is
-    # (the layout is unknown); None: cannot tell (no FSDP2, or torch's files cannot be read).
+    # (a layout unknown to this version); None: cannot tell (torch's files cannot be read) or
+    # nothing to tell (no torch, no FSDP2).
     layout_known: Optional[bool]
     layout: str
+    layout_site: Optional[str]
+    layout_file: Optional[str]
+    layout_wrapper: Optional[str]
+    # True: the patch is set up to apply; False: it will not be; None: cannot tell from files.
     would_apply: Optional[bool]
     reason: str
     pth_installed: Optional[str]
@@ -144,36 +593,17 @@ class DoctorReport:
     startup_read: bool
     startup_detail: str
     armed_here: bool
+    # What certainly keeps the patch from being applied.
     problems: list[str] = field(default_factory=list)
+    # What files cannot answer.
+    unknowns: list[str] = field(default_factory=list)
+    outcome: str = OK  # OK, PROBLEM or CANNOT_TELL
     verdict: str = ""
     ok: bool = True
+    strict_exit_code: int = EXIT_OK
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def check_layout(torch_version: Optional[str]) -> tuple[Optional[bool], str]:
-    """Whether the installed torch has one of the class-construction sites the patch knows,
-    read from its source files (cheap, and without importing it)."""
-    if torch_version is None:
-        return None, "torch is not installed"
-    try:
-        row = _matrix.row_for(_matrix.TORCH_ROWS, torch_version)
-    except ValueError:
-        row = None
-    if row is not None and not row.affected:
-        return None, f"torch {torch_version} has no FSDP2"
-    try:
-        distribution = metadata.distribution("torch")
-        for site in _patch.FULLY_SHARD_SITES:
-            source = Path(str(distribution.locate_file(site.module.replace(".", "/") + ".py")))
-            if source.is_file() and (site.cache or "type(") in source.read_text(errors="replace"):
-                return True, f"known: {site.name}"
-        if not Path(str(distribution.locate_file("torch/__init__.py"))).is_file():
-            return None, "cannot tell: torch's source files are not where its metadata says"
-    except (OSError, metadata.PackageNotFoundError) as error:
-        return None, f"cannot tell: torch's source files cannot be read ({error})"
-    return False, _patch.unknown_layout_reason(torch_version)
 
 
 def newer_than_matrix(torch_version: Optional[str]) -> bool:
@@ -185,9 +615,10 @@ def newer_than_matrix(torch_version: Optional[str]) -> bool:
 
 def diagnose() -> DoctorReport:
     mode = _config.mode_from_environment()
+    installation = check_installation()
     torch_version, transformers_version = (installed_version(name) for name in PACKAGES)
     wrapt_version, wrapt_error = check_wrapt()
-    startup = check_startup()
+    startup = check_startup(skip=installation.source_tree)
     try:
         # Whether the pair has the bug does not depend on the switch; whether it gets fixed does.
         pair = _matrix.decide(_config.AUTO, torch_version, transformers_version)
@@ -196,13 +627,22 @@ def diagnose() -> DoctorReport:
         pair = decision = _matrix.Decision(False, f"unreadable version: {error}", None)
     matrix_apply: Optional[bool] = decision.apply
     reason = pair.reason
-    if mode.name == _config.AUTO and pair.in_matrix is None and newer_than_matrix(torch_version) \
-            and transformers_version is not None:
+    unknowns = []
+    if installation.kind == SOURCE_TREE:
+        unknowns.append(installation.detail)
+    # Whether the pair has the bug is the probe's to say, in training processes: files cannot.
+    newer = (pair.in_matrix is None and newer_than_matrix(torch_version)
+             and transformers_version is not None and mode.name != _config.FORCE)
+    if newer and mode.name == _config.AUTO:
         matrix_apply = None
         reason = (f"torch {torch_version} is newer than the matrix: on import, a probe asks torch "
                   "and CPython whether the class swap still fails, and the patch applies only if it "
                   f"does; see its answer with: {PROG} verify")
-    layout_known, layout = check_layout(torch_version)
+    if newer:
+        unknowns.append(reason)
+    layout = check_layout(torch_version)
+    if layout.known is False or layout.doubt:
+        unknowns.append(layout.text)
 
     problems = []
     if mode.name == _config.OFF:
@@ -212,16 +652,15 @@ def diagnose() -> DoctorReport:
         problems.append(startup.detail)
     if wrapt_version is None:
         problems.append(f"wrapt cannot be imported ({wrapt_error}); install it: pip install wrapt")
-    # Listed whatever the matrix says, as training processes report it (status().reason) before
-    # any decision: a torch whose FSDP2 this version cannot find cannot be patched for any module.
-    # The verdict, and so --strict's exit code, still turn on whether the bug would stay.
-    if layout_known is False:
-        problems.append(layout)
-    would_apply: Optional[bool] = False if problems else matrix_apply
+    would_apply: Optional[bool] = False if problems else None if unknowns and matrix_apply is not False \
+        else matrix_apply
 
     report = DoctorReport(
         version=fsdp_autopatch.__version__,
         package_path=str(Path(fsdp_autopatch.__file__).parent),
+        installation=installation.kind,
+        installation_detail=installation.detail,
+        source_tree=str(installation.source_tree) if installation.source_tree else None,
         python=platform.python_version(),
         executable=sys.executable,
         torch=torch_version,
@@ -233,8 +672,11 @@ def diagnose() -> DoctorReport:
         mode_problem=mode.problem or None,
         in_matrix=pair.in_matrix,
         decided_by=_matrix.MATRIX,
-        layout_known=layout_known,
-        layout=layout,
+        layout_known=layout.known,
+        layout=layout.text,
+        layout_site=layout.site,
+        layout_file=layout.file,
+        layout_wrapper=layout.wrapper,
         would_apply=would_apply,
         reason=reason,
         pth_installed=str(startup.pth) if startup.pth else None,
@@ -244,31 +686,37 @@ def diagnose() -> DoctorReport:
         startup_detail=startup.detail,
         armed_here=fsdp_autopatch.armed,
         problems=problems,
+        unknowns=unknowns,
     )
-    report.verdict, report.ok = doctor_verdict(report, decision.reason)
+    report.outcome, report.verdict = doctor_verdict(report, decision, newer)
+    report.ok = report.outcome == OK
+    report.strict_exit_code = STRICT_EXIT[report.outcome]
     return report
 
 
-def doctor_verdict(report: DoctorReport, mode_reason: str) -> tuple[str, bool]:
-    """The one-line summary, and False when the bug is present and would not be fixed."""
+def doctor_verdict(report: DoctorReport, decision: _matrix.Decision, newer: bool) -> tuple[str, str]:
+    """OK, PROBLEM or CANNOT TELL, and the one-line summary that starts with it."""
+    if report.installation == SOURCE_TREE:  # nothing below describes an installation
+        return CANNOT_TELL, f"CANNOT TELL: {report.installation_detail}"
     pair = f"torch {report.torch} with transformers {report.transformers}"
-    if report.in_matrix:
-        if report.would_apply:
-            return (f"OK: {pair} has the FSDP2 layout bug, and the patch will fix it in every "
-                    f"process of this Python; prove it with: {PROG} verify"), True
-        return (f"PROBLEM: {pair} has the FSDP2 layout bug and it will NOT be fixed: "
-                f"{report.problems[0]}"), False
-    if report.would_apply is None:
-        if report.problems:
-            return (f"WARNING: torch {report.torch} is newer than the matrix and may still need the "
-                    f"patch, but {report.problems[0]}"), True
-        return f"OK: {report.reason}", True
-    if report.mode == _config.FORCE:
-        if report.would_apply:
-            return f"OK: {mode_reason}", True
-        if report.problems:
-            return f"WARNING: {_config.MODE_VARIABLE}=force has no effect: {report.problems[0]}", True
-    return f"OK: nothing to fix: {report.reason}", True
+    forced = report.mode == _config.FORCE and decision.apply
+    if not (report.in_matrix or forced or newer):
+        return OK, f"OK: nothing to fix: {report.reason}"
+    if report.problems:
+        if report.in_matrix:
+            return PROBLEM, (f"PROBLEM: {pair} has the FSDP2 layout bug and it will NOT be fixed: "
+                             f"{report.problems[0]}")
+        if forced:
+            return PROBLEM, (f"PROBLEM: {_config.MODE_VARIABLE}=force asks for the patch, and it "
+                             f"will NOT be applied: {report.problems[0]}")
+        return CANNOT_TELL, (f"CANNOT TELL: torch {report.torch} is newer than the matrix and may "
+                             f"still need the patch, but {report.problems[0]}")
+    if report.unknowns:
+        return CANNOT_TELL, f"CANNOT TELL: {report.unknowns[0]}"
+    if forced and not report.in_matrix:
+        return OK, f"OK: {decision.reason}; {PROOF}"
+    return OK, (f"OK: {pair} has the FSDP2 layout bug; the installed patch is set up to fix it in "
+                f"every process of this Python; {PROOF}")
 
 
 def run_doctor(options: argparse.Namespace, console: Console) -> int:
@@ -276,12 +724,10 @@ def run_doctor(options: argparse.Namespace, console: Console) -> int:
     if report.mode_problem:
         console.warning(report.mode_problem)
     if options.json:
-        print(json.dumps(report.to_dict()), file=console.out)
+        print(json.dumps(report.to_dict()), file=console.out, flush=True)
     else:
         show_doctor(report, console)
-    if options.strict and not report.ok:
-        return EXIT_BROKEN
-    return EXIT_OK
+    return report.strict_exit_code if options.strict else EXIT_OK
 
 
 def show_doctor(report: DoctorReport, console: Console) -> None:
@@ -292,7 +738,12 @@ def show_doctor(report: DoctorReport, console: Console) -> None:
         return version if version is not None else console.paint("not installed", "dim")
 
     console.detail(console.paint(f"{PROG} {report.version} doctor", "bold"))
-    row("package", report.package_path)
+    package = report.package_path
+    if report.installation == SOURCE_TREE:
+        package = console.paint(f"{package} (a source tree, not an installation)", "red")
+    elif report.installation == EDITABLE:
+        package = f"{package} (editable install)"
+    row("package", package)
     row("python", f"{report.python} ({report.executable})")
     row("torch", missing(report.torch))
     row("transformers", missing(report.transformers))
@@ -305,15 +756,18 @@ def show_doctor(report: DoctorReport, console: Console) -> None:
     row("decided by", "the version matrix here (doctor imports no torch); in training processes a "
                       "probe asks torch and CPython directly, and the matrix answers only where it "
                       f"cannot run; see the probe's answer with: {PROG} verify")
-    layout = {True: report.layout, False: console.paint(report.layout, "red"), None: report.layout}
+    layout = {True: report.layout, False: console.paint(report.layout, "red"),
+              None: console.paint(report.layout, "yellow") if report.layout.startswith("cannot tell")
+              else report.layout}
     row("FSDP2 layout", layout[report.layout_known])
     row(".pth", report.pth_installed or console.paint("not installed", "red"))
     row(".start", report.start_installed or console.paint("not installed", "dim"))
     read = console.paint("read", "green") if report.startup_read else console.paint("NOT read", "red")
     row("start-up", f"{read}: {report.startup_detail}")
     row("this process", "armed by the start-up file" if report.armed_here else "not armed")
-    would = {True: "yes", False: "no", None: "decided on import, by a probe"}
+    newer = report.in_matrix is None and report.reason.startswith(f"torch {report.torch} is newer")
+    would = {True: "yes", False: "no",
+             None: "decided on import, by a probe" if newer else "cannot tell from files"}
     row("would apply", would[report.would_apply])
-    colour = "green" if report.verdict.startswith("OK") else "red" if not report.ok else "yellow"
+    colour = {OK: "green", PROBLEM: "red", CANNOT_TELL: "yellow"}[report.outcome]
     console.verdict(report.verdict, colour)
-

@@ -5,7 +5,9 @@ is what patches it), once per rank, under torchrun or alone: ``RANK``, ``WORLD_S
 ``MASTER_ADDR`` and ``MASTER_PORT`` come from the environment. For each model it shards every
 decoder layer and then the root, trains a few steps next to an unsharded copy of the same
 weights, and prints one JSON line (rank 0 only): the class torch built, both losses, or the
-error. ``fsdp-autopatch verify`` reads those lines; the tests call ``shard_and_train`` directly.
+error. Then every rank lists the classes the patch built in it (``status().classes``), one JSON
+line per class and one with the count. ``fsdp-autopatch verify`` reads those lines; the tests
+call ``shard_and_train`` directly.
 
 ``grade`` is the one rule that turns those lines into pass or fail, for ``verify`` and for
 ``tests/matrix.py`` alike. Importing this module imports nothing beyond the standard library.
@@ -333,9 +335,24 @@ def main(argv: list[str]) -> int:
             result = shard_and_train(kind, mesh)
             if rank == 0:
                 print(json.dumps(result), flush=True)
+        report_classes(rank, fsdp_autopatch.status().to_dict())
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def report_classes(rank: int, status: Mapping[str, Any]) -> None:
+    """What the patch built in this rank: one line per class it saw, then one with the count.
+
+    Every rank reports, since each builds its own classes. One short line per class, because
+    the ranks share one pipe: a write of up to PIPE_BUF bytes (4096 on Linux) reaches it whole,
+    and a rank's whole list in one line could be longer and interleave with another rank's.
+    """
+    classes = list(status.get("classes") or [])
+    for record in classes:
+        print(json.dumps({"rank": rank, "class_record": record}), flush=True)
+    print(json.dumps({"rank": rank, "classes_listed": len(classes),
+                      "classes_seen": status.get("classes_seen", len(classes))}), flush=True)
 
 
 if __name__ == "__main__":

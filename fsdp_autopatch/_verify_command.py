@@ -1,9 +1,10 @@
-"""``fsdp-autopatch verify``, the parent side: launch the ranks with torchrun, follow rank 0, judge.
+"""``fsdp-autopatch verify``, the parent side: launch the ranks with torchrun, follow them, judge.
 
 The ranks run ``python -m fsdp_autopatch._verify`` under ``python -m torch.distributed.run`` with
 this very interpreter, so the installed start-up file patches each of them exactly as it patches
-a training process. This process never imports torch: it reads rank 0's JSON lines, grades them
-with ``_verify.grade`` and prints a table and one verdict line.
+a training process. This process never imports torch: it reads the ranks' JSON lines (rank 0's
+results, every rank's list of the classes the patch built), grades the results with
+``_verify.grade`` and prints a table, the classes per rank and one verdict line.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Optional
 
 import fsdp_autopatch
-from fsdp_autopatch import _config, _verify
-from fsdp_autopatch._cli import (
+from fsdp_autopatch import _config, _layout, _verify
+from fsdp_autopatch._console import (
     EXIT_BROKEN,
-    EXIT_CANNOT_RUN,
+    EXIT_CANNOT_TELL,
     EXIT_OK,
     PACKAGES,
     PROG,
@@ -57,15 +58,33 @@ ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)
 
 
 @dataclass
+class RankClasses:
+    """What one rank said about the classes the patch built in it (``status().classes``)."""
+
+    rank: int
+    classes: list[dict[str, Any]] = field(default_factory=list)
+    listed: Optional[int] = None  # None until the rank's closing line arrived
+    seen: Optional[int] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "classes": self.classes, "classes_seen": self.seen,
+                "reported": self.listed is not None}
+
+
+@dataclass
 class VerifyRun:
     nproc: int
     models: list[str]
     started: float = field(default_factory=time.monotonic)
     status: Optional[dict[str, Any]] = None
     results: list[dict[str, Any]] = field(default_factory=list)
+    ranks: dict[int, RankClasses] = field(default_factory=dict)
     timed_out: bool = False
     cannot_run: Optional[str] = None
     crash: Optional[str] = None
+
+    def rank(self, number: int) -> RankClasses:
+        return self.ranks.setdefault(number, RankClasses(number))
 
     def grade(self) -> _verify.Grade:
         return _verify.grade({result["model"]: result for result in self.results})
@@ -204,6 +223,11 @@ def take_line(run: VerifyRun, line: str, console: Console) -> None:
         run.status = record["status"]
         applied = "applied" if run.status.get("applied") else "not applied"
         console.progress(f"patch {applied}: {run.status.get('reason')}")
+    elif "class_record" in record and isinstance(record.get("rank"), int):
+        run.rank(record["rank"]).classes.append(dict(record["class_record"]))
+    elif "classes_listed" in record and isinstance(record.get("rank"), int):
+        ranked = run.rank(record["rank"])
+        ranked.listed, ranked.seen = int(record["classes_listed"]), int(record.get("classes_seen") or 0)
     elif "model" in record:
         run.results.append(record)
         # Graded against the control only at the end: it runs last.
@@ -255,13 +279,13 @@ def last_line(text: str, otherwise: str) -> str:
 def verify_verdict(run: VerifyRun, timeout: float) -> tuple[int, str]:
     """The exit code and the one line that says what happened and what to do."""
     if run.cannot_run:
-        return EXIT_CANNOT_RUN, f"cannot verify: {run.cannot_run}"
+        return EXIT_CANNOT_TELL, f"cannot verify: {run.cannot_run}"
     if run.timed_out:
-        return EXIT_CANNOT_RUN, (f"cannot verify: not finished within {timeout:g} s "
+        return EXIT_CANNOT_TELL, (f"cannot verify: not finished within {timeout:g} s "
                                  f"({len(run.results)} of {len(run.models)} models done); "
                                  "rerun with a larger --timeout on a less loaded machine")
     if run.crash and run.status is None:
-        return EXIT_CANNOT_RUN, f"cannot verify: {run.crash}"
+        return EXIT_CANNOT_TELL, f"cannot verify: {run.crash}"
     grade = run.grade()
     failed = [result for result in run.results if not grade.ok[result["model"]]]
     status = run.status or {}
@@ -325,6 +349,43 @@ def show_table(run: VerifyRun, console: Console) -> None:
             shown, good, seconds = "not run", False, f"{'-':>7}"
         console.detail(f"{name:<{width}}  {console.paint(f'{shown:<13}', 'green' if good else 'red')}"
                        f"  {seconds}")
+    show_classes(run, console)
+
+
+def show_classes(run: VerifyRun, console: Console) -> None:
+    """Per rank, the classes that got a layout-compatible class (and on which parent), those
+    for which none could be built, and how many kept torch's own class."""
+    applied = bool((run.status or {}).get("applied"))
+    console.detail(console.paint("classes the patch built, per rank:", "bold"))
+    for number in range(run.nproc):
+        for line in class_lines(run.ranks.get(number, RankClasses(number)), applied):
+            console.detail(f"  {line}")
+
+
+def class_lines(ranked: RankClasses, applied: bool) -> list[str]:
+    head = f"rank {ranked.rank}:"
+    if ranked.listed is None and not ranked.classes:
+        return [f"{head} did not report its classes (it stopped before the end)"]
+    lines = []
+    kept = []
+    for record in ranked.classes:
+        original = record.get("name")
+        if record.get("outcome") == _layout.COMPATIBLE:
+            lines.append(f"{head} {original} -> {record.get('wrapper')} on {record.get('parent')}")
+        elif record.get("outcome") == _layout.REFUSED:
+            lines.append(f"{head} {original} -> none that CPython accepts: {record.get('reason')}")
+        else:
+            kept.append(str(original))
+    if kept:
+        lines.append(f"{head} torch's own class kept for {len(kept)}: {', '.join(kept)}")
+    unlisted = (ranked.seen or 0) - len(ranked.classes)
+    if unlisted > 0:
+        lines.append(f"{head} {unlisted} more not listed (status().classes keeps the first "
+                     f"{len(ranked.classes)})")
+    if not lines:
+        why = "" if applied else " (the patch was not applied)"
+        lines.append(f"{head} no class went through a patched site{why}")
+    return lines
 
 
 def verify_document(run: VerifyRun, code: int, verdict: str, warning: Optional[str]) -> dict[str, Any]:
@@ -346,6 +407,9 @@ def verify_document(run: VerifyRun, code: int, verdict: str, warning: Optional[s
                  ok=grade.ok[result["model"]])
             for result in run.results
         ],
+        # Every rank's classes, as status().classes lists them there; a rank that stopped
+        # before reporting has "reported": false.
+        "ranks": [run.rank(number).to_dict() for number in range(run.nproc)],
         "timed_out": run.timed_out,
         "seconds": round(time.monotonic() - run.started, 2),
     }

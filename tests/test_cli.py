@@ -32,8 +32,12 @@ SCRIPT = Path(sysconfig.get_path("scripts")) / ("fsdp-autopatch.exe" if os.name 
 DOCTOR_KEYS = {"version", "python", "torch", "transformers", "mode", "in_matrix", "decided_by",
                "layout_known", "layout", "would_apply", "reason", "pth_installed", "start_installed"}
 VERIFY_KEYS = {"exit_code", "ok", "verdict", "warning", "version", "python", "torch", "transformers", "nproc",
-               "status", "models", "timed_out", "seconds"}
+               "status", "models", "ranks", "timed_out", "seconds"}
 HEADS = ("token-classification", "sequence-classification", "question-answering")
+# The classes _verify's tiny Qwen2 models are made of, per head.
+HEAD_CLASSES = {"token-classification": "Qwen2ForTokenClassification",
+                "sequence-classification": "Qwen2ForSequenceClassification",
+                "question-answering": "Qwen2ForQuestionAnswering"}
 
 
 def run_cli(
@@ -271,8 +275,11 @@ def test_doctor_says_when_torch_has_no_fsdp2_site_it_knows(without_distributed: 
     report = one_object(result.stdout)
     assert report["layout_known"] is False and report["would_apply"] is False
     assert str(report["layout"]).startswith("torch 2.13.0's FSDP2 layout is unknown to fsdp-autopatch ")
-    # Listed on every Python, whatever the matrix says, as status() reports it in training processes.
-    assert report["layout"] in report["problems"]  # type: ignore[operator]
+    assert str(report["layout"]).endswith("doctor reads files only; `fsdp-autopatch verify` is the proof")
+    # Listed on every Python, whatever the matrix says, among what files cannot answer; the missing
+    # wrapt is what certainly stands in the way.
+    assert report["layout"] in report["unknowns"]  # type: ignore[operator]
+    assert report["layout"] not in report["problems"]  # type: ignore[operator]
 
 
 # --------------------------------------------------------------------------------------------- verify
@@ -297,6 +304,13 @@ def test_verify_exits_2_when_torch_has_no_distributed(without_distributed: str) 
         "(the PyPI wheels do)")
 
 
+def classes_shown(stdout: str) -> list[str]:
+    """The per-rank class lines verify prints between its table and its verdict."""
+    rows = stdout.splitlines()
+    start = rows.index("classes the patch built, per rank:")
+    return [row.strip() for row in rows[start + 1 : -1]]
+
+
 @pytest.mark.slow
 def test_verify_shards_every_model_and_shows_the_bug_without_the_patch(real_torch: dict[str, str]) -> None:
     fixed = run_cli("verify", command=[str(SCRIPT)])
@@ -306,22 +320,29 @@ def test_verify_shards_every_model_and_shows_the_bug_without_the_patch(real_torc
     assert [row.split()[:2] for row in rows[1:5]] == [[name, "sharded"] for name in (*HEADS, "causal-lm")]
     assert "[4/4] causal-lm: sharded" in fixed.stderr
     broken = run_cli("verify", command=[str(SCRIPT)], env=environment(FSDP_AUTOPATCH="0"))
+    # The patch is not installed at all: no class goes through a patched site.
+    assert classes_shown(broken.stdout) == [
+        "rank 0: no class went through a patched site (the patch was not applied)"]
     if not layout_bug_here():
         # CPython accepts torch's classes: the patch stands aside, and nothing breaks without it.
-        assert rows[5].startswith("OK: 4 of 4 models sharded with FSDP2 and trained; no patch was needed")
+        assert rows[-1].startswith("OK: 4 of 4 models sharded with FSDP2 and trained; no patch was needed")
         assert "patch not applied: " in fixed.stderr
         assert broken.returncode == 0, broken.stdout + broken.stderr
         return
-    assert rows[5].startswith("OK: 4 of 4 models sharded with FSDP2 and trained; the patch was applied")
+    assert rows[-1].startswith("OK: 4 of 4 models sharded with FSDP2 and trained; the patch was applied")
     assert "patch applied: " in fixed.stderr
+    # Each head got a class built on abc.ABC; the decoder layer and the causal LM kept torch's.
+    assert classes_shown(fixed.stdout) == [
+        *(f"rank 0: {name} -> FSDP{name} on abc.ABC" for name in HEAD_CLASSES.values()),
+        "rank 0: torch's own class kept for 2: Qwen2DecoderLayer, Qwen2ForCausalLM"]
 
     assert broken.returncode == 1, broken.stdout + broken.stderr
     rows = broken.stdout.splitlines()
     assert [row.split()[:3] for row in rows[1:4]] == [[name, "layout", "error"] for name in HEADS]
     assert rows[4].split()[:2] == ["causal-lm", "sharded"]
-    assert rows[5].startswith("FAIL: 3 of 4 models cannot be used with FSDP2 (__class__ assignment: ")
-    assert rows[5].endswith("the patch was not applied: disabled by FSDP_AUTOPATCH=0; unset FSDP_AUTOPATCH "
-                            "to let the patch run")
+    assert rows[-1].startswith("FAIL: 3 of 4 models cannot be used with FSDP2 (__class__ assignment: ")
+    assert rows[-1].endswith("the patch was not applied: disabled by FSDP_AUTOPATCH=0; unset FSDP_AUTOPATCH "
+                             "to let the patch run")
 
 
 @pytest.mark.slow
@@ -343,9 +364,23 @@ def test_verify_json_on_two_ranks_without_torch_in_the_parent(real_torch: dict[s
     assert [(m["model"], m["result"], m["outcome"]) for m in fixed["models"]] == [  # type: ignore[attr-defined]
         ("token-classification", "sharded", "trained"), ("causal-lm", "sharded", "trained")]
     assert fixed["warning"] is None
+    # Both ranks built their own classes, and said which.
+    ranks = fixed["ranks"]
+    assert [rank["rank"] for rank in ranks] == [0, 1]  # type: ignore[attr-defined]
+    for rank in ranks:  # type: ignore[attr-defined]
+        assert rank["reported"] is True
+        if not layout_bug_here():  # the patch stood aside: no site was patched
+            assert (rank["classes"], rank["classes_seen"]) == ([], 0)
+            continue
+        outcomes = {record["name"]: (record["outcome"], record["parent"]) for record in rank["classes"]}
+        assert rank["classes_seen"] == len(outcomes) == 3, rank
+        assert outcomes["Qwen2DecoderLayer"] == outcomes["Qwen2ForCausalLM"] == ("torch", None)
+        assert outcomes[HEAD_CLASSES["token-classification"]] == ("compatible", "abc.ABC")
 
     broken = verify(FSDP_AUTOPATCH="0")
     assert broken["status"]["mode"] == "off"  # type: ignore[index]
+    assert broken["ranks"] == [{"rank": number, "classes": [], "classes_seen": 0, "reported": True}
+                               for number in (0, 1)]
     if not layout_bug_here():
         assert broken["exit_code"] == 0, broken["verdict"]
         return
@@ -460,9 +495,9 @@ def test_verify_always_runs_the_causal_lm_as_the_control() -> None:
 
 
 def test_console_writes_to_the_streams_of_the_moment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fsdp_autopatch import _cli
+    from fsdp_autopatch import _console
 
-    console = _cli.Console(quiet=False)
+    console = _console.Console(quiet=False)
     out, err = io.StringIO(), io.StringIO()
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(sys, "stderr", err)

@@ -1,0 +1,109 @@
+"""What ``--help`` promises: exit codes that each mean one thing, an install that works today, and
+verify's measured time."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, make_throwaway
+from test_cli import one_object, run_cli
+
+from fsdp_autopatch import _cli, _console
+
+# A bare "pip install fsdp-autopatch" (options allowed before the name): the package is not on
+# PyPI, so that would install nothing, or someone else's upload.
+BARE_INSTALL = re.compile(r"pip install (?:--?\S+ )*[\"']?fsdp-autopatch(?![\w-]*\s*@)")
+
+
+def help_of(*command: str) -> str:
+    shown = run_cli(*command, "--help")
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout
+
+
+def project_url(name: str) -> str:
+    """An entry of pyproject.toml's [project.urls] (read without tomllib, absent before 3.11)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    table = text.split("[project.urls]", 1)[1].split("\n[", 1)[0]
+    match = re.search(rf'^{name}\s*=\s*"([^"]+)"', table, re.MULTILINE)
+    assert match is not None, f"no {name} in [project.urls]"
+    return match.group(1)
+
+
+def test_the_install_command_names_the_projects_source_url() -> None:
+    assert _console.SOURCE_URL == project_url("Source")
+    assert _console.INSTALL_COMMAND == f'pip install "fsdp-autopatch @ git+{project_url("Source")}"'
+    assert not BARE_INSTALL.search(_console.INSTALL_COMMAND + " " + _console.REINSTALL_COMMAND)
+
+
+@pytest.mark.parametrize("text, bare", [
+    ("RUN pip install fsdp-autopatch && fsdp-autopatch verify", True),
+    ("reinstall: pip install --force-reinstall fsdp-autopatch", True),
+    ('pip install "fsdp-autopatch"', True),
+    ('pip install "fsdp-autopatch @ git+https://example.invalid/x"', False),
+    ("pip install wrapt", False),
+])
+def test_the_bare_install_pattern(text: str, bare: bool) -> None:
+    assert bool(BARE_INSTALL.search(text)) is bare
+
+
+def test_no_help_names_an_install_that_does_not_work_today(installed: Path) -> None:
+    for command in ((), ("doctor",), ("verify",)):
+        text = help_of(*command)
+        assert not BARE_INSTALL.search(text), (command, text)
+    assert f"RUN {_console.INSTALL_COMMAND} && fsdp-autopatch verify" in help_of()
+
+
+def test_doctors_remedy_for_missing_start_up_files_installs_from_the_repository(
+    installed: Path, tmp_path: Path
+) -> None:
+    python = make_throwaway(tmp_path / "venv", installed, pth=False).python
+    report = one_object(run_cli("doctor", "--json", command=[str(python), "-m", "fsdp_autopatch"]).stdout)
+    assert report["startup_read"] is False
+    assert report["startup_detail"] == (
+        f"fsdp_autopatch.pth is not installed; reinstall: {_console.REINSTALL_COMMAND}")
+    assert not any(BARE_INSTALL.search(str(problem)) for problem in report["problems"])  # type: ignore[attr-defined]
+
+
+def exit_code_lines(text: str) -> dict[int, str]:
+    """``exit codes:`` section of a help text: code -> its (joined) description."""
+    section = text.split("exit codes:\n", 1)[1]
+    codes: dict[int, str] = {}
+    current = None
+    for line in section.splitlines():
+        match = re.match(r"^  (\d+)\s+(.*)$", line)
+        if match:
+            current = int(match.group(1))
+            codes[current] = match.group(2)
+        elif line.startswith("       ") and current is not None:
+            codes[current] += " " + line.strip()
+        elif not line.strip():
+            break
+        else:
+            current = None
+    return codes
+
+
+def test_help_lists_each_exit_code_once_with_one_meaning(installed: Path) -> None:
+    top = exit_code_lines(help_of())
+    assert set(top) == {0, 1, 2, 130, 141}
+    doctor = exit_code_lines(help_of("doctor"))
+    assert set(doctor) == {0, 1, 2, 130, 141}
+    assert doctor[0].startswith("everything doctor checked is fine")
+    assert doctor[1].startswith("with --strict: a problem found")
+    assert doctor[2].startswith("with --strict: cannot tell from files alone")
+    assert "source tree" in doctor[2] and "newer than the matrix" in doctor[2] and "layout" in doctor[2]
+    assert "without --strict, doctor exits 0 once it has reported" in help_of("doctor")
+    verify = exit_code_lines(help_of("verify"))
+    assert set(verify) == {0, 1, 2, 130, 141, 143}
+    assert (_console.EXIT_CLOSED_PIPE, _console.EXIT_INTERRUPTED, _console.EXIT_CANNOT_TELL) == (141, 130, 2)
+
+
+def test_verify_help_states_its_measured_time(installed: Path) -> None:
+    text = " ".join(help_of("verify").split())
+    assert f"It takes {_cli.VERIFY_SECONDS} (measured" in text
+    assert re.fullmatch(r"about \d+ s on 2 CPU cores with one rank", _cli.VERIFY_SECONDS)
+    assert _cli.VERIFY_SECONDS in " ".join(help_of().split())
+

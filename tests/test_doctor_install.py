@@ -1,0 +1,97 @@
+"""doctor run on a source tree: it says so, and what to do, instead of judging an installation.
+
+``python -m fsdp_autopatch doctor`` run from a checkout's root imports the checkout's sources
+(``-m`` puts the working directory first on ``sys.path``), whether or not the package is also
+installed; nothing they say describes what training processes of that Python load at start-up.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, environment, make_throwaway
+from test_cli import one_object
+
+from fsdp_autopatch import _doctor
+
+
+def checkout_copy(where: Path) -> Path:
+    """What a clone of the project holds that doctor can see: the package, the start-up files
+    and pyproject.toml."""
+    where.mkdir(parents=True)
+    shutil.copytree(ROOT / "fsdp_autopatch", where / "fsdp_autopatch",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "fsdp_autopatch.pth", "fsdp_autopatch.start"):
+        shutil.copy2(ROOT / name, where / name)
+    return where
+
+
+def doctor_in(python: Path, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(python), "-m", "fsdp_autopatch", "doctor", *args], capture_output=True,
+                          text=True, cwd=cwd, env=environment(**env), timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return checkout_copy(tmp_path_factory.mktemp("clone") / "fsdp-autopatch")
+
+
+def test_doctor_on_a_source_tree_without_an_installation_cannot_tell_and_says_to_install(
+    installed: Path, tmp_path: Path, checkout: Path
+) -> None:
+    # No torch either: an installation would get "OK: nothing to fix".
+    python = make_throwaway(tmp_path / "venv", installed, package=False, pth=False).python
+    shown = doctor_in(python, checkout)
+    assert shown.returncode == 0, shown.stderr  # without --strict doctor only reports
+    verdict = shown.stdout.splitlines()[-1]
+    assert verdict == (
+        f"CANNOT TELL: doctor is looking at the source tree {checkout}, not at an installation: "
+        f"fsdp-autopatch is not installed for {python}, so no start-up file patches its processes; "
+        f"install it: pip install . (in {checkout}), then run doctor from another directory")
+    assert "(a source tree, not an installation)" in shown.stdout
+    assert doctor_in(python, checkout, "--strict").returncode == 2
+    report = one_object(doctor_in(python, checkout, "--json").stdout)
+    assert (report["installation"], report["source_tree"], report["outcome"]) == (
+        "source tree", str(checkout), "CANNOT TELL")
+    assert report["ok"] is False and report["strict_exit_code"] == 2
+    # The checkout's own copy of the start-up file is not an installed one.
+    assert report["pth_installed"] is None and report["startup_read"] is False
+
+
+def test_doctor_from_a_checkout_beside_an_installation_says_which_it_is_reading(
+    installed: Path, tmp_path: Path, checkout: Path
+) -> None:
+    throwaway = make_throwaway(tmp_path / "venv", installed)
+    # The start-up file imports the installed package before -m puts the checkout on sys.path...
+    armed = one_object(doctor_in(throwaway.python, checkout, "--json").stdout)
+    assert armed["installation"] == "installed"
+    assert armed["package_path"] == str(throwaway.site / "fsdp_autopatch")
+    # ...unless the switch is off, which skips that import: then the checkout's sources are read.
+    shown = doctor_in(throwaway.python, checkout, "--strict", FSDP_AUTOPATCH="0")
+    assert shown.returncode == 2, shown.stdout + shown.stderr
+    assert shown.stdout.splitlines()[-1] == (
+        f"CANNOT TELL: doctor is looking at the source tree {checkout}, not at the installed fsdp-autopatch "
+        f"({throwaway.site / 'fsdp_autopatch'}), because it runs from that directory; run it from another "
+        "directory")
+    # From anywhere else, the same Python reads its installation.
+    elsewhere = one_object(doctor_in(throwaway.python, tmp_path, "--json").stdout)
+    assert (elsewhere["installation"], elsewhere["source_tree"]) == ("installed", None)
+
+
+def test_an_editable_install_is_an_installation(tmp_path: Path) -> None:
+    # pip install -e: the distribution points at the checkout, whose sources are the installed ones.
+    checkout = checkout_copy(tmp_path / "clone")
+    site = tmp_path / "site"
+    dist_info = site / "fsdp_autopatch-0.2.0.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: fsdp-autopatch\nVersion: 0.2.0\n")
+    (dist_info / "direct_url.json").write_text(
+        f'{{"dir_info": {{"editable": true}}, "url": "{checkout.as_uri()}"}}')
+    from importlib import metadata
+
+    (distribution,) = metadata.distributions(name="fsdp-autopatch", path=[str(site)])
+    assert _doctor.editable_directory(distribution) == checkout
+    assert _doctor.is_source_tree(checkout) and not _doctor.is_source_tree(site)
