@@ -100,11 +100,11 @@ def fsdp2() -> Any:
 
     import torch
 
-    from fsdp_autopatch._matrix import release
+    from fsdp_autopatch._matrix import COMPOSABLE_FSDP, FSDP2_IN_FSDP_PACKAGE, release
 
-    if release(torch.__version__) >= (2, 6):
+    if release(torch.__version__) >= FSDP2_IN_FSDP_PACKAGE:
         return importlib.import_module("torch.distributed.fsdp")
-    return importlib.import_module("torch.distributed._composable.fsdp")
+    return importlib.import_module(COMPOSABLE_FSDP)
 
 
 def shard_and_train(kind: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
