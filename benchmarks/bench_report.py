@@ -1,4 +1,4 @@
-"""Results: the machine and versions they came from, the markdown table, the README section."""
+"""Results: the machine and versions they came from, the markdown table, the section of docs/cost.md."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 # tests/harness.py, put on sys.path by run.py.
-from harness import ROOT, replace_readme_section
+from harness import DOCS, ROOT, replace_section
 
+# The page that holds the published table, between these markers.
+DOCUMENT = DOCS / "cost.md"
 START_MARKER = "<!-- benchmarks:start -->"
 END_MARKER = "<!-- benchmarks:end -->"
 # Files whose changes change what is measured; edits elsewhere in the tree do not.
@@ -102,7 +104,7 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_readme(table: str) -> bool:
-    """Put ``table`` between the README's benchmark markers; False (and the README untouched)
-    when the markers are missing."""
-    return replace_readme_section(START_MARKER, END_MARKER, table)
+def update_docs(table: str) -> bool:
+    """Put ``table`` between the benchmark markers of docs/cost.md; False (and the page
+    untouched) when the markers are missing."""
+    return replace_section(START_MARKER, END_MARKER, table, DOCUMENT)

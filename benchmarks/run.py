@@ -4,9 +4,9 @@
     python benchmarks/run.py --quick              # proves the benchmarks run (CI); numbers mean little
     python benchmarks/run.py --python .venv/bin/python --venvs ../bench-venvs   # reuse environments
     python benchmarks/run.py --results DIR        # results.json (every sample) and results.md to DIR
-    python benchmarks/run.py --update-readme      # full run; the table into README.md and the
+    python benchmarks/run.py --update-docs        # full run; the table into docs/cost.md and the
                                                   # summary into benchmarks/results/
-    python benchmarks/run.py --readme-from benchmarks/results/results.md  # table only, no run
+    python benchmarks/run.py --docs-from benchmarks/results/results.md  # table only, no run
 
 Exit status 1 when a measurement could not be taken; timing targets are reported, never enforced.
 See benchmarks/README.md for what each number means.
@@ -50,7 +50,7 @@ from harness import scrubbed_environment as clean_environment  # noqa: E402
 TORCH_CHILD = HERE / "bench_torch.py"
 TORCH_ONLY = "import torch"
 TRAINING_IMPORT = "import torch.distributed.fsdp, transformers"
-# What --update-readme keeps in the checkout: the table and the summary behind it.
+# What --update-docs keeps in the checkout: the table and the summary behind it.
 COMMITTED_RESULTS = HERE / "results"
 OFF = {"FSDP_AUTOPATCH": "0"}
 Row = dict[str, str]
@@ -452,21 +452,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, metavar="DIR",
                         help="write results.json (every sample) and results.md to DIR (default: a new "
                         "temporary directory, named at the end)")
-    parser.add_argument("--update-readme", action="store_true",
-                        help="write the table between the benchmark markers of README.md, and the table "
+    # --update-readme and --readme-from: their names from when the table was in README.md.
+    parser.add_argument("--update-docs", "--update-readme", dest="update_docs", action="store_true",
+                        help="write the table between the benchmark markers of docs/cost.md, and the table "
                         "and a summary without samples to benchmarks/results/")
-    parser.add_argument("--readme-from", type=Path, metavar="RESULTS_MD",
-                        help="only write this results.md into README.md; measure nothing")
+    parser.add_argument("--docs-from", "--readme-from", dest="docs_from", type=Path, metavar="RESULTS_MD",
+                        help="only write this results.md into docs/cost.md; measure nothing")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     options = parse(argv)
-    if options.readme_from:
-        bench_report.update_readme(options.readme_from.read_text())
+    if options.docs_from:
+        bench_report.update_docs(options.docs_from.read_text())
         return 0
-    if options.update_readme and options.quick:
-        print("--update-readme is not taken with --quick: quick numbers are not for publishing")
+    if options.update_docs and options.quick:
+        print("--update-docs is not taken with --quick: quick numbers are not for publishing")
         return 2
     settings = QUICK if options.quick else FULL
     work = options.venvs or Path(tempfile.mkdtemp(prefix="fsdp-autopatch-bench-"))
@@ -483,10 +484,11 @@ def main(argv: list[str]) -> int:
     write_results(output, results, table)
     print(table)
     print(f"results written to {output}/results.json and results.md")
-    if options.update_readme:
+    if options.update_docs:
         write_results(COMMITTED_RESULTS, summary(results), table)
-        bench_report.update_readme(table)
-        print(f"README.md and {portable_path(str(COMMITTED_RESULTS))}/ updated")
+        bench_report.update_docs(table)
+        print(f"{portable_path(str(bench_report.DOCUMENT))} and "
+              f"{portable_path(str(COMMITTED_RESULTS))}/ updated")
     for error in results["errors"]:
         print(f"could not measure: {error.splitlines()[0]}", file=sys.stderr)
     return 1 if results["errors"] else 0

@@ -8,7 +8,7 @@ package, makes environments or runs fresh interpreters does it the same way:
 - ``build_wheel``: the package's wheel, built from the checkout;
 - ``make_venv`` / ``venv_layout``: a throwaway virtual environment, and where its parts are;
 - ``run_logged``: an install or build step whose output is kept for the error it raises;
-- ``replace_readme_section``: generated text between two markers of README.md;
+- ``replace_section``: generated text between two markers of README.md or a page of docs/;
 - ``split_importtime``: ``python -X importtime`` output, parsed;
 - ``portable_path`` / ``portable_command`` / ``portable_text``: paths as a reader of another
   machine can follow them.
@@ -30,6 +30,8 @@ from typing import Iterable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# The record the README links to; each generated section lives in one of these pages.
+DOCS = ROOT / "docs"
 BUILD_TIMEOUT = 600
 
 
@@ -132,17 +134,18 @@ def make_venv(root: Path, *, with_pip: bool = False, base_python: str = sys.exec
     return venv
 
 
-def replace_readme_section(start_marker: str, end_marker: str, text: str, readme: Path = README) -> bool:
-    """Put ``text`` between ``start_marker`` and ``end_marker`` in ``readme``; False, with one line
-    on stderr and the file untouched, when either marker is missing or they are out of order."""
-    content = readme.read_text() if readme.is_file() else ""
+def replace_section(start_marker: str, end_marker: str, text: str, document: Path = README) -> bool:
+    """Put ``text`` between ``start_marker`` and ``end_marker`` in ``document`` (README.md or a
+    page of docs/); False, with one line on stderr and the file untouched, when either marker is
+    missing or they are out of order."""
+    content = document.read_text(encoding="utf-8") if document.is_file() else ""
     start, end = content.find(start_marker), content.find(end_marker)
     if start < 0 or end < start:
-        print(f"{readme.name} has no {start_marker} ... {end_marker} markers; left it unchanged; "
+        print(f"{document.name} has no {start_marker} ... {end_marker} markers; left it unchanged; "
               "add both markers where the generated text belongs", file=sys.stderr)
         return False
     head = content[: start + len(start_marker)]
-    readme.write_text(f"{head}\n{text.strip()}\n{content[end:]}")
+    document.write_text(f"{head}\n{text.strip()}\n{content[end:]}", encoding="utf-8")
     return True
 
 

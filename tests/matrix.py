@@ -2,9 +2,9 @@
 
     python tests/matrix.py --reduced      # CI: torch 2.8.0 + transformers 4.55.2, torch 2.13.0 +
                                           # transformers 4.53.3, 4.54.0, 4.55.3
-    python tests/matrix.py --full --update-readme   # every cell; the README table is the record
+    python tests/matrix.py --full --update-docs     # every cell; docs/versions.md's table is the record
     python tests/matrix.py --cells 2.13.0:4.54.0,2.8.0:4.55.2
-    python tests/matrix.py --capture-cli .venv/bin/python --update-readme  # the README's doctor/verify
+    python tests/matrix.py --capture-cli .venv/bin/python --update-docs  # docs/cli.md, README's status
 
 Standard library only. Each cell gets a fresh venv holding torch, transformers and the package's
 wheel (built once from this checkout), made with uv when it is on PATH (else pip), from one
@@ -21,8 +21,11 @@ model train, graded by the rule ``verify`` itself uses, ``_verify.grade``; does 
 upstream's exact class; did ``verify`` exit 0 patched and 1 unpatched where the bug is, 0 both
 ways where it is not) is compared with ``fsdp_autopatch._matrix``. A small JSON file (versions,
 verdicts, timings per cell) goes to a temporary file unless ``--results`` names one; the markdown
-table goes between ``<!-- matrix:start -->`` and ``<!-- matrix:end -->`` in README.md only with
-``--update-readme``. Paths in anything generated are rewritten as ``.venv/...``. Any cell that
+table goes between ``<!-- matrix:start -->`` and ``<!-- matrix:end -->`` in docs/versions.md only
+with ``--update-docs`` (``--update-readme`` is its older name). ``--capture-cli`` runs ``doctor`` and
+``verify`` (into docs/cli.md) and prints ``fsdp_autopatch.status().to_dict()`` after sharding a tiny
+model (into README.md's API section), in an environment with the package installed from its wheel.
+Paths in anything generated are rewritten as ``.venv/...``. Any cell that
 disagrees with the matrix, or could not be run, is one ``MATRIX FAILURE`` line on stderr and makes
 the exit status 1.
 """
@@ -42,7 +45,16 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from harness import ROOT, build_wheel, portable_text, replace_readme_section, run_logged, scrubbed_environment
+from harness import (
+    DOCS,
+    README,
+    ROOT,
+    build_wheel,
+    portable_text,
+    replace_section,
+    run_logged,
+    scrubbed_environment,
+)
 
 # Cells are judged by the matrix of this checkout, the same code the wheel is built from.
 sys.path.insert(0, str(ROOT))
@@ -60,6 +72,10 @@ PRUNED: dict[tuple[str, str], str] = {}
 AFFECTED_HEADS = ("token-classification", "sequence-classification", "question-answering")
 MARKERS = ("<!-- matrix:start -->", "<!-- matrix:end -->")
 CLI_MARKERS = ("<!-- cli:start -->", "<!-- cli:end -->")
+API_MARKERS = ("<!-- api:start -->", "<!-- api:end -->")
+# Where each generated section goes.
+VERSIONS_DOC = DOCS / "versions.md"
+CLI_DOC = DOCS / "cli.md"
 INSTALL_TIMEOUT = 1800
 RUN_TIMEOUT = 900
 
@@ -365,6 +381,10 @@ def markdown(results: dict[str, Any]) -> str:
     return portable_text("\n".join(lines))
 
 
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def capture_cli(python: str) -> str:
     """``fsdp-autopatch doctor``, ``verify`` and ``FSDP_AUTOPATCH=0 verify`` run with ``python``,
     as the README shows them: the command, its output as a terminal shows it (progress and
@@ -379,7 +399,47 @@ def capture_cli(python: str) -> str:
                                 check=False)
         exit_line = f"[exit {result.returncode}]\n" if command == "verify" else ""
         shown.append(f"$ {prefix}fsdp-autopatch {command}\n{result.stdout}{exit_line}")
-    return portable_text("```text\n" + "\n".join(shown) + "```")
+    return portable_text(f"Captured on {now()}.\n\n```text\n" + "\n".join(shown) + "```")
+
+
+# What the README's API section shows: a tiny reward model sharded on one gloo rank, then the status.
+STATUS_SCRIPT = """
+import json, os
+
+import torch.distributed as dist
+import torch.distributed.fsdp
+import transformers
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import fsdp_autopatch
+
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (1,))
+config = transformers.Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, num_labels=1)
+model = transformers.AutoModelForSequenceClassification.from_config(config)
+for layer in model.model.layers:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+print(json.dumps(fsdp_autopatch.status().to_dict(), indent=2))
+dist.destroy_process_group()
+"""
+
+
+def capture_status(python: str) -> str:
+    """``fsdp_autopatch.status().to_dict()`` after ``fully_shard`` of a tiny
+    ``AutoModelForSequenceClassification`` (its decoder layers, then the root) on gloo with world
+    size 1, run with ``python`` (an
+    environment with the package installed from its wheel), as the README shows it."""
+    script = STATUS_SCRIPT.format(port=_verify.free_port())
+    result = subprocess.run([python, "-c", script], capture_output=True, text=True,
+                            cwd=Path(python).parent, env=scrubbed_environment(NO_COLOR="1"),
+                            timeout=RUN_TIMEOUT, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"the status capture exited {result.returncode}:\n{result.stderr[-3000:]}")
+    return portable_text(f"Captured on {now()}:\n\n```json\n{result.stdout.strip()}\n```")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -399,18 +459,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--work-dir", type=Path, help="where venvs are made (default: a new temporary dir)")
     parser.add_argument("--results", type=Path,
                         help="write the per-cell results (JSON) here (default: a new temporary file)")
-    parser.add_argument("--update-readme", action="store_true",
-                        help="write the table (or the --capture-cli output) into README.md, between "
-                             "its markers")
+    parser.add_argument("--update-docs", "--update-readme", dest="update_docs", action="store_true",
+                        help=f"write the table into {VERSIONS_DOC.relative_to(ROOT)} (or the --capture-cli "
+                             f"output into {CLI_DOC.relative_to(ROOT)} and README.md), between their markers")
     # The default now; accepted so that older CI scripts keep working.
     parser.add_argument("--no-readme", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--keep-venvs", action="store_true", help="keep each cell's venv (for debugging)")
     options = parser.parse_args(argv)
     if options.capture_cli:
         captured = capture_cli(options.capture_cli)
-        if options.update_readme:
-            replace_readme_section(*CLI_MARKERS, captured)
+        api = capture_status(options.capture_cli)
+        if options.update_docs:
+            replace_section(*CLI_MARKERS, captured, CLI_DOC)
+            replace_section(*API_MARKERS, api, README)
         print(captured)
+        print(api)
         return 0
     if options.full:
         cells = [(t, x) for t in TORCH for x in TRANSFORMERS]
@@ -447,7 +510,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     results = {
         # The cell selection only: local paths and installer options say nothing about the results.
         "command": "python tests/matrix.py " + selection,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": now(),
         "python": probe_python, "platform": f"{platform.system()} {platform.machine()}",
         "installer": installer.version(), "seconds": round(time.monotonic() - started, 1), "cells": records,
     }
@@ -457,8 +520,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.close(handle)
         options.results = Path(name)
     options.results.write_text(json.dumps(results, indent=1) + "\n")
-    if options.update_readme and not options.no_readme:
-        replace_readme_section(*MARKERS, table)
+    if options.update_docs and not options.no_readme:
+        replace_section(*MARKERS, table, VERSIONS_DOC)
     print(table)
     failures = [r for r in records if r.get("verdict", {}).get("problems")]
     for record in failures:

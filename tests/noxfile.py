@@ -83,13 +83,15 @@ def stacks(session: nox.Session) -> None:
     and critics, each with the package on and off (tests/stacks/).
 
     ``-- ci``: only the cases CI runs (marker ``stacks_ci``: accelerate, DCP, torch.compile).
-    ``-- --readme``: write the README's "Works with" table (only after a run of every case).
+    ``-- --docs``: write the "Works with" table of docs/works-with.md (only after a run of every
+    case; ``--readme`` is its older name).
     """
     args = list(session.posargs)
     env = {**REQUIRE, "FSDP_AUTOPATCH_STACKS": "1"}
-    if "--readme" in args:
-        args.remove("--readme")
-        env["FSDP_AUTOPATCH_STACKS_README"] = "1"
+    for flag in ("--docs", "--readme"):
+        if flag in args:
+            args.remove(flag)
+            env["FSDP_AUTOPATCH_STACKS_DOCS"] = "1"
     ci = "ci" in args
     if ci:
         args.remove("ci")

@@ -15,7 +15,7 @@ from harness import (
     portable_command,
     portable_path,
     portable_text,
-    replace_readme_section,
+    replace_section,
     scrubbed_environment,
     split_importtime,
 )
@@ -25,9 +25,10 @@ import bench_report
 
 # Directories that only exist on one machine: a checkout's parent, a home, a build or temp dir.
 MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|root|home|tmp|build|Users|private|opt)/[\w.+@/-]+")
-# What readers read and what the benchmarks generate into the checkout.
+# What readers read and what the generators write into the checkout: every page of docs/ too.
 PUBLISHED = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md", "benchmarks/results/results.md",
-             "benchmarks/results/results.json")
+             "benchmarks/results/results.json",
+             *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md")))
 
 
 def test_paths_are_made_portable(tmp_path: Path) -> None:
@@ -78,17 +79,51 @@ def test_published_files_name_no_machine_path(name: str) -> None:
     assert "machine kind" not in text
 
 
-def test_readme_section_is_replaced_between_its_markers(
+def test_a_section_is_replaced_between_its_markers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- x:start -->\nold\n<!-- x:end -->\nrest\n")
-    assert replace_readme_section("<!-- x:start -->", "<!-- x:end -->", "new\ntable\n", readme)
-    assert readme.read_text() == "intro\n<!-- x:start -->\nnew\ntable\n<!-- x:end -->\nrest\n"
-    readme.write_text("no markers\n")
-    assert not replace_readme_section("<!-- x:start -->", "<!-- x:end -->", "new", readme)
-    assert readme.read_text() == "no markers\n"
-    assert "has no <!-- x:start --> ... <!-- x:end --> markers" in capsys.readouterr().err
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- x:start -->\nold\n<!-- x:end -->\nrest\n")
+    assert replace_section("<!-- x:start -->", "<!-- x:end -->", "new\ntable\n", page)
+    assert page.read_text() == "intro\n<!-- x:start -->\nnew\ntable\n<!-- x:end -->\nrest\n"
+    page.write_text("no markers\n")
+    assert not replace_section("<!-- x:start -->", "<!-- x:end -->", "new", page)
+    assert page.read_text() == "no markers\n"
+    assert "page.md has no <!-- x:start --> ... <!-- x:end --> markers" in capsys.readouterr().err
+
+
+# Each generated section, the page it is in, and the generator that writes it there.
+GENERATED = {
+    "versions": "docs/versions.md",  # fsdp_autopatch._matrix.render_version_table (tests/test_matrix.py)
+    "matrix": "docs/versions.md",  # python tests/matrix.py --full --update-docs
+    "cli": "docs/cli.md",  # python tests/matrix.py --capture-cli PYTHON --update-docs
+    "api": "README.md",  # the same command
+    "stacks": "docs/works-with.md",  # nox -f tests/noxfile.py -s stacks -- --docs
+    "benchmarks": "docs/cost.md",  # python benchmarks/run.py --update-docs
+}
+
+
+@pytest.mark.parametrize("section", sorted(GENERATED))
+def test_each_generated_section_is_where_its_generator_writes(section: str) -> None:
+    from stacks import readme_table
+
+    page = GENERATED[section]
+    # tests/matrix.py is not imported here: it puts the checkout's package on sys.path.
+    matrix_source = (ROOT / "tests" / "matrix.py").read_text(encoding="utf-8")
+    writers = {
+        "matrix": f'VERSIONS_DOC = DOCS / "{Path(GENERATED["matrix"]).name}"' in matrix_source,
+        "cli": f'CLI_DOC = DOCS / "{Path(GENERATED["cli"]).name}"' in matrix_source,
+        "api": "replace_section(*API_MARKERS, api, README)" in matrix_source,
+        "stacks": readme_table.DOCUMENT == ROOT / GENERATED["stacks"],
+        "benchmarks": bench_report.DOCUMENT == ROOT / GENERATED["benchmarks"],
+    }
+    assert writers.get(section, True), f"the generator of the {section} section no longer writes {page}"
+    markers = f"<!-- {section}:start -->", f"<!-- {section}:end -->"
+    pages = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
+    holders = [name for name in pages if markers[0] in (ROOT / name).read_text(encoding="utf-8")]
+    assert holders == [page], f"{markers[0]} is in {holders}; its generator writes {page}"
+    text = (ROOT / page).read_text(encoding="utf-8")
+    assert text.index(markers[0]) < text.index(markers[1])
 
 
 def test_importtime_output_is_split_from_the_programs_own() -> None:

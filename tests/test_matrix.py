@@ -1,4 +1,4 @@
-"""The version matrix: parsing, rows, the README's table, and the decision, probe first.
+"""The version matrix: parsing, rows, the table in docs/versions.md, and the decision, probe first.
 
 Expectations come from the rows in ``fsdp_autopatch._matrix`` (the one place version facts are
 stated), not restated here.
@@ -206,13 +206,13 @@ def test_default_python_is_the_running_interpreter() -> None:
 VERSIONS_TABLE = re.compile(r"<!-- versions:start -->\n(.*?)<!-- versions:end -->", re.S)
 
 
-def test_readme_version_table_is_the_rendered_rows() -> None:
-    """README.md's hand-readable version table is written from the rows, never by hand."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    match = VERSIONS_TABLE.search(readme)
-    assert match is not None, "README.md has no <!-- versions:start --> ... <!-- versions:end --> block"
+def test_the_documented_version_table_is_the_rendered_rows() -> None:
+    """docs/versions.md's hand-readable version table is written from the rows, never by hand."""
+    page = (ROOT / "docs" / "versions.md").read_text(encoding="utf-8")
+    match = VERSIONS_TABLE.search(page)
+    assert match is not None, "docs/versions.md has no <!-- versions:start --> ... <!-- versions:end -->"
     assert match.group(1) == _matrix.render_version_table(), (
-        "README.md's version table differs from the rows; replace it with the output of: "
+        "docs/versions.md's version table differs from the rows; replace it with the output of: "
         "python -c 'from fsdp_autopatch import _matrix; print(_matrix.render_version_table(), end=\"\")'"
     )
 

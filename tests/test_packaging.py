@@ -20,7 +20,8 @@ DISTRIBUTION = "fsdp-autopatch"
 HOME = "https://github.com/fsdp-autopatch/fsdp-autopatch"
 # What a reader of the sdist needs besides the package: the tests and the docs.
 SDIST_DOCS = ("README.md", "CONTRIBUTING.md", "LICENSE", "benchmarks/README.md", "tests/noxfile.py",
-              "tests/conftest.py", "tests/harness.py", "benchmarks/run.py", "benchmarks/results/results.md")
+              "tests/conftest.py", "tests/harness.py", "benchmarks/run.py", "benchmarks/results/results.md",
+              *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md")))
 # Generated dumps: their tables are in the docs, their raw data stays with whoever ran them.
 RESULT_DUMPS = ("tests/matrix-results.json", "benchmarks/results/results.json")
 
