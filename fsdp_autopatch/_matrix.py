@@ -6,7 +6,7 @@ cls), ...)``, and a CPython that refuses that class for an ABC module. Whether t
 still refuse is asked of them directly, by a probe (``_patch.probe_layout_bug``); the rows below
 are the documented evidence, and the answer only where no probe can run (``doctor``, which
 imports no torch, or a torch whose construction cannot be found). Every row says what was read
-or run to establish it; ``render_version_table`` writes the README's table from them.
+or run to establish it; ``render_version_table`` writes docs/versions.md's table from them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from fsdp_autopatch import _config
 
 Release = tuple[int, ...]
 
-_TO = " \N{EN DASH} "  # the README's way of writing a range of releases
+_TO = " \N{EN DASH} "  # the docs' way of writing a range of releases
 
 # Who answered "is the bug here?": the probe asked torch and CPython, or the rows below did.
 PROBE = "probe"
@@ -34,8 +34,8 @@ class Row:
     end: Optional[Release]  # exclusive; None: no upper end
     affected: bool
     evidence: str
-    versions: str  # as the README shows them
-    fact: str  # the README's one-line summary
+    versions: str  # as docs/versions.md shows them
+    fact: str  # docs/versions.md's one-line summary
 
     def covers(self, numbers: Release) -> bool:
         return _significant(self.first) <= numbers and (
@@ -274,7 +274,7 @@ def _release_text(numbers: Release) -> str:
 
 
 def render_version_table() -> str:
-    """The README's version table (between ``<!-- versions:start -->`` and ``-->end``), from the rows."""
+    """The table of docs/versions.md (between ``<!-- versions:start -->`` and ``-->end``), from the rows."""
     newer = _release_text(first_release_after(TORCH_ROWS))
     lines = ["| package | versions | fact |", "| --- | --- | --- |"]
     lines += [f"| transformers | {row.versions} | {row.fact} |" for row in TRANSFORMERS_ROWS]
