@@ -320,6 +320,11 @@ def test_doctor_strict_cannot_tell_for_a_torch_newer_than_the_matrix(installed: 
     python = environment_with_torch(tmp_path / "venv", installed, "2.99.0", TORCH_2_13)
     command = [python, "-m", "fsdp_autopatch"]
     strict = run_cli("doctor", "--strict", command=command)
+    if not bug_in_matrix_here(python):
+        # CPython 3.15+ accepts the ABC swap whatever torch builds: the Python row decides.
+        assert strict.returncode == 0, strict.stdout + strict.stderr
+        assert strict.stdout.splitlines()[-1].startswith("OK: nothing to fix: CPython ")
+        return
     assert strict.returncode == 2, strict.stdout + strict.stderr
     assert strict.stdout.splitlines()[-1].startswith("CANNOT TELL: torch 2.99.0 is newer than the matrix")
     report = one_object(run_cli("doctor", "--json", env=environment(), command=command).stdout)
