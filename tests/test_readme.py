@@ -31,7 +31,8 @@ import pytest
 from conftest import ROOT, environment
 from harness import README
 
-PROJECT_URL = "https://github.com/fsdp-autopatch/fsdp-autopatch"
+from fsdp_autopatch._console import SOURCE_URL as PROJECT_URL
+
 TEST_COMMAND = "nox -f tests/noxfile.py -s tests"
 SH_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.S | re.M)
 EXPECTED_EXIT = re.compile(r"#.*\bexit (\d+)\b")
