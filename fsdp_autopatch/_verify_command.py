@@ -214,9 +214,12 @@ def raise_system_exit(signum: int, frame: object) -> None:
 
 
 def take_line(run: VerifyRun, line: str, console: Console) -> None:
-    (record,) = _verify.json_lines(line) or [None]
-    if record is None:
-        return
+    # Two ranks' objects can share one line of the pipe they share: take every one.
+    for record in _verify.json_lines(line):
+        take_record(run, record, console)
+
+
+def take_record(run: VerifyRun, record: dict[str, Any], console: Console) -> None:
     if "cannot_run" in record and run.cannot_run is None:
         run.cannot_run = str(record["cannot_run"])
     elif "status" in record and run.status is None:

@@ -10,6 +10,7 @@ that reports exactly that.
 from __future__ import annotations
 
 import io
+import json
 import os
 import platform
 import signal
@@ -558,3 +559,16 @@ def test_json_lines_reads_reports_of_ranks_that_shared_a_line() -> None:
     # Two ranks writing to one pipe at once can put their reports on one line.
     output = 'warning: noise\n{"rank": 0}{"rank": 1}\n{"rank": 2} trailing\n{not json}\n["a list"]\n'
     assert json_lines(output) == [{"rank": 0}, {"rank": 1}, {"rank": 2}]
+
+
+def test_verify_takes_every_object_when_two_ranks_share_a_line() -> None:
+    """Two ranks write to one pipe: their lines can run together ("{...}{...}"), and verify must
+    take both objects, not stop with a traceback and print nothing."""
+    from fsdp_autopatch._console import Console
+    from fsdp_autopatch._verify_command import VerifyRun, take_line
+
+    run = VerifyRun(nproc=2, models=["causal-lm"])
+    record = {"name": "Head", "outcome": "compatible", "parent": "abc.ABC"}
+    line = json.dumps({"rank": 0, "class_record": record}) + json.dumps({"rank": 1, "class_record": record})
+    take_line(run, line, Console(quiet=True, out=io.StringIO(), err=io.StringIO()))
+    assert {rank: ranked.classes for rank, ranked in run.ranks.items()} == {0: [record], 1: [record]}
