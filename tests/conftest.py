@@ -215,6 +215,19 @@ def site_packages() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
 
 
+def verify_at_work(env: dict[str, str], stdout: Any = subprocess.PIPE) -> subprocess.Popen[str]:
+    """A real ``verify --nproc 2``, returned once rank 0 has printed the patch's status: the
+    ranks are at work, so a signal sent now meets verify, torchrun and ranks all running."""
+    process = subprocess.Popen([sys.executable, "-m", "fsdp_autopatch", "verify", "--nproc", "2"],
+                               stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
+                               cwd=site_packages().parent)
+    assert process.stderr is not None
+    for line in process.stderr:
+        if line.startswith("patch "):
+            break
+    return process
+
+
 @pytest.fixture(scope="session")
 def installed() -> Path:
     """site-packages of this interpreter, holding an installed (not source) fsdp_autopatch."""

@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, make_throwaway, site_packages
+from conftest import (
+    LAYOUT_ERROR,
+    environment,
+    json_lines,
+    layout_bug_here,
+    make_throwaway,
+    site_packages,
+    verify_at_work,
+)
 from harness import split_importtime
 
 from fsdp_autopatch import _config, _matrix
@@ -426,13 +434,8 @@ def test_verify_timeout_exits_2_and_stops_every_rank(real_torch: dict[str, str])
                     reason="sends SIGTERM, finds leftover ranks through /proc")
 def test_verify_stopped_by_sigterm_leaves_no_rank_running(real_torch: dict[str, str]) -> None:
     marker, env = marked_run()
-    process = subprocess.Popen([sys.executable, "-m", "fsdp_autopatch", "verify", "--nproc", "2"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                               cwd=site_packages().parent)
+    process = verify_at_work(env, stdout=subprocess.DEVNULL)
     assert process.stderr is not None
-    for line in process.stderr:  # rank 0 prints the patch's status once the ranks are at work
-        if line.startswith("patch "):
-            break
     process.send_signal(signal.SIGTERM)  # a cancelled CI job: to verify alone, not to its ranks
     assert process.wait(timeout=120) == 128 + signal.SIGTERM
     process.stderr.close()

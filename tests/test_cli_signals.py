@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import environment, make_throwaway, site_packages
+from conftest import environment, make_throwaway, site_packages, verify_at_work
 from test_cli import add_distribution, marked_run, processes_marked
 
 EXIT_CLOSED_PIPE = 141
@@ -162,13 +162,7 @@ def test_ctrl_c_while_verify_waits_for_its_ranks_exits_130_with_one_line(
 @pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds leftover ranks through /proc")
 def test_ctrl_c_during_a_real_verify_stops_every_rank(real_torch: dict[str, str]) -> None:
     marker, env = marked_run()
-    process = subprocess.Popen([sys.executable, "-m", "fsdp_autopatch", "verify", "--nproc", "2"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               cwd=site_packages().parent)
-    assert process.stderr is not None
-    for line in process.stderr:  # rank 0 prints the patch's status once the ranks are at work
-        if line.startswith("patch "):
-            break
+    process = verify_at_work(env)
     stderr = interrupted(process)
     assert stderr.splitlines()[-1] == "fsdp-autopatch verify: interrupted"
     assert "Traceback" not in stderr
