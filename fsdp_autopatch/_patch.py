@@ -198,7 +198,9 @@ class LayoutFixingCache(dict):  # type: ignore[type-arg]
         self.construction = construction
         self.site = site
         self.keeps_torch_classes = keeps_torch_classes
-        self._lock = threading.Lock()
+        # Reentrant: building a class runs users' __init_subclass__ and metaclasses, which may
+        # shard a module themselves in this thread, as they can without the patch.
+        self._lock = threading.RLock()
         # Classes whose outcome is settled without an entry (keeps_torch_classes=False).
         self.settled: set[type] = set()
         self._stale: dict[type, type] = {}
@@ -252,7 +254,7 @@ def _reset_locks_after_fork() -> None:
     for ref in _caches:
         cache = ref()
         if cache is not None:
-            cache._lock = threading.Lock()
+            cache._lock = threading.RLock()
     classes.after_fork_in_child()
 
 

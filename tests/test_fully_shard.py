@@ -727,3 +727,38 @@ def test_classes_with_creation_side_effects_match_torch_alone(first_fixed_transf
     # construction, with its side effects, for this class only.
     assert head["events"] == ["init_subclass FSDPHead", "decorated FSDPHead"] * 2 + [
         "described FSDPHead", "cached_property on FSDPHead"]
+
+
+# A class whose construction shards another module: torch's construction runs it inside the
+# patched cache's decision, in the same thread.
+SHARDS_WHILE_BUILT = """
+    import abc, json
+    import torch.distributed.fsdp, transformers
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    from fsdp_autopatch import _verify
+
+    mesh = _verify.init_process_group()
+
+    class Inner(nn.Linear):
+        pass
+
+    class Outer(nn.Linear):
+        def __init_subclass__(cls, **kwargs):
+            super().__init_subclass__(**kwargs)
+            if cls.__name__.startswith("FSDP"):
+                fully_shard(Inner(2, 2), mesh=mesh)
+
+    module = Outer(2, 2)
+    fully_shard(module, mesh=mesh)
+    print(json.dumps({"outer": type(module).__name__}))
+"""
+
+
+def test_a_class_whose_construction_shards_another_module() -> None:
+    """No deadlock where torch has none: the construction of ``FSDPOuter`` shards an ``Inner``
+    from ``__init_subclass__``, patched as without the patch."""
+    for mode in (None, "0"):
+        result = run_python(SHARDS_WHILE_BUILT, env=environment(FSDP_AUTOPATCH=mode), timeout=120)
+        assert result.returncode == 0, result.stderr[-4000:]
+        assert json_lines(result.stdout) == [{"outer": "FSDPOuter"}]
