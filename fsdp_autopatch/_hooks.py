@@ -211,9 +211,8 @@ def try_install(just_ran: Optional[object] = None) -> None:
             log("not patching%s: %s", _decided_by(decision), _status.reason)
             return
         site = _patch.install_fully_shard()
-        problem = _patch.check_site(site, sys.modules[site.module])
+        problem = _patch.keep_if_working(site, sys.modules[site.module])
         if problem is not None:
-            _patch.unpatch_site(site, sys.modules[site.module])
             _status.reason += (f"; but the fix failed its self-check, so fully_shard runs unpatched: "
                                f"{problem}; upgrade fsdp-autopatch, or report it")
             logger.warning("%s", _status.reason)
@@ -259,11 +258,10 @@ def _patch_replicate(module: Any) -> None:
                 or _replicate_reported):
             return
         if _patch.patch_site(site, module):
-            problem = _patch.check_site(site, module)
+            problem = _patch.keep_if_working(site, module)
             if problem is None:
                 _status.sites += (site.name,)
                 return
-            _patch.unpatch_site(site, module)
         elif _replicate_predates_its_site(_status.torch):
             logger.debug("%s has no class cache of its own on torch %s: nothing to patch there",
                          site.module, _status.torch)

@@ -466,6 +466,15 @@ def _check(site: Site, module: ModuleType) -> Optional[str]:
     return None
 
 
+def keep_if_working(site: Site, module: ModuleType) -> Optional[str]:
+    """``check_site`` on a site just patched: where the fix fails it, torch's own cache (or
+    ``type``) is put back and the one-line problem returned; None where the fix stays."""
+    problem = check_site(site, module)
+    if problem is not None:
+        unpatch_site(site, module)
+    return problem
+
+
 def reads_global(function: Callable[..., Any], name: str) -> bool:
     """Does ``function``'s own code load the global ``name`` (so that rebinding it reaches it)?"""
     code = getattr(function, "__code__", None)
