@@ -61,15 +61,9 @@ class FSDPModule:
 '''
 APPLY_CALL = "_apply_to_module(modules, cls_to_fsdp_cls, FSDPModule"
 
-# torch 2.4's torch/distributed/_composable/fsdp/fully_shard.py: the class built inline, no cache.
-TORCH_2_4 = '''
-def fully_shard(module, *, mesh=None):
-    cls = module.__class__
-    dct = {"__deepcopy__": unimplemented_deepcopy}
-    new_cls = type(f"FSDP{cls.__name__}", (FSDPModule, cls), dct)
-    module.__class__ = new_cls
-    return module
-
+# What torch 2.4's and 2.5's torch/distributed/_composable/fsdp/fully_shard.py define after
+# fully_shard: the deepcopy stub and the wrapper class.
+_TORCH_2_4_NAMES = '''
 
 def unimplemented_deepcopy(*args, **kwargs):
     raise AssertionError("FSDP does not support deepcopy")
@@ -78,6 +72,17 @@ def unimplemented_deepcopy(*args, **kwargs):
 class FSDPModule:
     pass
 '''
+
+# torch 2.4's: the class built inline, no cache.
+TORCH_2_4 = '''
+def fully_shard(module, *, mesh=None):
+    cls = module.__class__
+    dct = {"__deepcopy__": unimplemented_deepcopy}
+    new_cls = type(f"FSDP{cls.__name__}", (FSDPModule, cls), dct)
+    module.__class__ = new_cls
+    return module
+
+''' + _TORCH_2_4_NAMES
 
 # torch 2.5's: the same module, with the cache.
 TORCH_2_5 = '''
@@ -94,14 +99,7 @@ def fully_shard(module, *, mesh=None):
     module.__class__ = new_cls
     return module
 
-
-def unimplemented_deepcopy(*args, **kwargs):
-    raise AssertionError("FSDP does not support deepcopy")
-
-
-class FSDPModule:
-    pass
-'''
+''' + _TORCH_2_4_NAMES
 
 
 def edited(source: str, old: str, new: str, count: int = -1) -> str:
