@@ -1,16 +1,17 @@
-"""Make FSDP2's ``fully_shard`` work on modules with an empty-``__slots__`` base such as ``abc.ABC``.
+"""Make FSDP2 and composable DDP work on modules with an empty-``__slots__`` base such as ``abc.ABC``.
 
 Installing the package is enough: ``fsdp_autopatch.pth`` (``fsdp_autopatch.start`` on Python
 3.15+) calls ``arm()`` in every interpreter of the environment, and the patch is installed once
-torch's FSDP2 and an affected transformers are both imported. ``apply()`` and ``status()`` are
+torch's FSDP2 (or composable DDP) and an affected transformers are both
+imported. ``apply()`` and ``status()`` are
 for interpreters that do not read ``.pth`` files.
 
 This module is the start-up path, and it runs in every interpreter, pip and linters included.
 So it imports only the standard library, raises nothing, prints nothing, and costs one list
 insert. wrapt takes 60-80 ms to import; it, the switch parsing and everything else load only
-once FSDP2 (or, in auto mode, transformers) is actually being imported, which is also when
-``FSDP_AUTOPATCH`` is read for good. A process that imports torch and never FSDP2 pays nothing
-more than the insert.
+once FSDP2 or composable DDP (or, in auto mode, transformers) is actually being imported, which
+is also when ``FSDP_AUTOPATCH`` is read for good. A process that imports torch and never those
+pays nothing more than the insert.
 """
 
 
@@ -18,22 +19,15 @@ import _thread
 import os
 import sys
 
+# The torch modules whose import arms the hooks: the one table of sites, which imports nothing.
+from fsdp_autopatch._sites import TORCH_MODULES, TRANSFORMERS
+
 MODE_VARIABLE = "FSDP_AUTOPATCH"
 # The values start-up must tell apart without importing _config, which takes them from here.
 # fsdp_autopatch.pth spells OFF_VALUES out again, so that a disabled interpreter imports nothing of
 # ours; tests/test_startup.py keeps the two in step.
 OFF_VALUES = ("0", "off", "false", "no", "disable")
 FORCE_VALUES = ("force",)
-
-# The patch can only matter once one of these is imported; torch alone never needs it.
-# _hooks and _patch name the same modules: tests/test_startup.py keeps them in step.
-FSDP2_MODULES = (
-    "torch.distributed.fsdp",
-    "torch.distributed._composable.fsdp",
-    "torch.distributed._composable.replicate_with_fsdp",
-)
-# Only its version decides, in auto mode; its model imports load torch.distributed.fsdp anyway.
-TRANSFORMERS = "transformers"
 
 # Set by arm(); read by status().
 armed = False
@@ -219,17 +213,36 @@ def arm() -> None:
         if value in OFF_VALUES:
             return
         armed = True
-        names = FSDP2_MODULES if value in FORCE_VALUES else (*FSDP2_MODULES, TRANSFORMERS)
+        names = TORCH_MODULES if value in FORCE_VALUES else (*TORCH_MODULES, TRANSFORMERS)
         if any(name in sys.modules for name in names):
             register_hooks()
             return
-        watcher = FirstImportWatcher(names)
-        sys.meta_path.insert(0, watcher)
-        register_at_fork = getattr(os, "register_at_fork", None)  # POSIX only
-        if register_at_fork is not None:
-            register_at_fork(after_in_child=watcher.after_fork_in_child)
+        sys.meta_path.insert(0, FirstImportWatcher(names))
+        register_fork_handler()
     except Exception:  # start-up must never fail because of this package
         pass
+
+
+_fork_handler_registered = False
+
+
+def register_fork_handler() -> None:
+    """Register the package's one fork handler, once (from arm(), or from the hooks under apply())."""
+    global _fork_handler_registered
+    register_at_fork = getattr(os, "register_at_fork", None)  # POSIX only
+    if register_at_fork is not None and not _fork_handler_registered:
+        _fork_handler_registered = True
+        register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _after_fork_in_child() -> None:
+    # A thread that held a lock at fork() does not exist in the child: nothing would release it.
+    for finder in sys.meta_path:
+        if isinstance(finder, FirstImportWatcher):
+            finder.after_fork_in_child()
+    hooks = sys.modules.get("fsdp_autopatch._hooks")
+    if hooks is not None:
+        hooks.after_fork_in_child()
 
 
 def disarm() -> None:

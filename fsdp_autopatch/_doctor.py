@@ -14,21 +14,22 @@ matrix, an FSDP2 layout it does not recognise, a source tree instead of an insta
 from __future__ import annotations
 
 import argparse
-import ast
+import dis
 import json
 import os
 import platform
 import re
 import site
 import sys
+import types
 from dataclasses import asdict, dataclass, field
 from importlib import machinery, metadata, util
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 from urllib.parse import unquote, urlparse
 
 import fsdp_autopatch
-from fsdp_autopatch import _config, _matrix, _patch
+from fsdp_autopatch import _config, _matrix, _sites
 from fsdp_autopatch._console import (
     DISTRIBUTION,
     EXIT_BROKEN,
@@ -223,16 +224,12 @@ def check_wrapt() -> tuple[Optional[str], Optional[str]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# torch's FSDP2 layout, read from its source files
+# torch's class-construction sites, read from its source files
 
 
 # Ends every answer about torch's layout: reading source cannot run torch's construction, which
 # the patch's own self-check does in training processes and verify shows.
 PROOF = f"doctor reads files only; `{PROG} verify` is the proof"
-
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp,
-           ast.DictComp, ast.GeneratorExp)
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def module_file(name: str, search: Optional[Sequence[str]] = None) -> Optional[Path]:
@@ -257,298 +254,116 @@ def module_file(name: str, search: Optional[Sequence[str]] = None) -> Optional[P
     return path if path.suffix == ".py" and path.is_file() else None
 
 
-def _module_statements(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
-    """Statements that run in the module's own scope: ``if``, ``try`` and ``with`` blocks included."""
-    for statement in body:
-        yield statement
-        if isinstance(statement, (ast.If, ast.For, ast.While, ast.With)):
-            yield from _module_statements([*statement.body, *getattr(statement, "orelse", [])])
-        elif isinstance(statement, ast.Try) or type(statement).__name__ == "TryStar":
-            handlers = [node for handler in statement.handlers for node in handler.body]  # type: ignore[attr-defined]
-            yield from _module_statements([*statement.body, *handlers, *statement.orelse,  # type: ignore[attr-defined]
-                                           *statement.finalbody])  # type: ignore[attr-defined]
-
-
-def _is_overload(function: ast.AST) -> bool:
-    return any((isinstance(d, ast.Name) and d.id == "overload")
-               or (isinstance(d, ast.Attribute) and d.attr == "overload")
-               for d in getattr(function, "decorator_list", []))
-
-
-@dataclass
-class ModuleScope:
-    """What a module binds at its top level, read from its syntax tree."""
-
-    functions: dict[str, ast.AST] = field(default_factory=dict)  # the definition that wins
-    values: dict[str, Optional[ast.expr]] = field(default_factory=dict)  # last assigned value
-    names: set[str] = field(default_factory=set)  # every top-level name: defs, classes, imports
-
-
-def module_scope(tree: ast.Module) -> ModuleScope:
-    scope = ModuleScope()
-    for statement in _module_statements(tree.body):
-        if isinstance(statement, _FUNCTIONS):
-            scope.names.add(statement.name)
-            if not _is_overload(statement):
-                scope.functions[statement.name] = statement
-            scope.values.pop(statement.name, None)
-        elif isinstance(statement, ast.ClassDef):
-            scope.names.add(statement.name)
-            scope.functions.pop(statement.name, None)
-        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
-            for alias in statement.names:
-                name = alias.asname or alias.name.split(".")[0]
-                scope.names.add(name)
-                scope.functions.pop(name, None)
-                scope.values[name] = None
-        elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-            for target in targets:
-                for node in ast.walk(target):
-                    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                        scope.names.add(node.id)
-                        scope.functions.pop(node.id, None)
-                        whole = isinstance(target, ast.Name) and not isinstance(statement, ast.AugAssign)
-                        scope.values[node.id] = statement.value if whole else None
-    return scope
-
-
-def _is_dict(value: Optional[ast.expr]) -> bool:
-    """``{}``, ``{...}``, a dict comprehension or ``dict(...)``: what the patch can replace."""
-    if isinstance(value, (ast.Dict, ast.DictComp)):
-        return True
-    return (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
-            and value.func.id == "dict")
-
-
-def _scope_parts(node: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
-    """What a scope evaluates where it is written, and what runs in the scope itself."""
-    if isinstance(node, _FUNCTIONS):
-        defaults = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
-        return [*node.decorator_list, *defaults], list(node.body)
-    if isinstance(node, ast.Lambda):
-        return [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)], [node.body]
-    if isinstance(node, ast.ClassDef):
-        return [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)], list(node.body)
-    generators = node.generators  # type: ignore[attr-defined]
-    results = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]  # type: ignore[attr-defined]
-    first = generators[0]
-    inner: list[ast.AST] = [first.target, *first.ifs, *results]
-    for generator in generators[1:]:
-        inner += [generator.target, generator.iter, *generator.ifs]
-    return [first.iter], inner
-
-
-def _walk_scope(nodes: Sequence[ast.AST]) -> Iterator[ast.AST]:
-    """Every node that runs in the scope these nodes belong to; nested scopes are yielded, with
-    what they evaluate here, but not entered."""
-    stack = list(reversed(nodes))
-    while stack:
-        node = stack.pop()
-        yield node
-        children = _scope_parts(node)[0] if isinstance(node, _SCOPES) else list(ast.iter_child_nodes(node))
-        stack.extend(reversed(children))
-
-
-def _bindings(scope: ast.AST) -> tuple[set[str], set[str]]:
-    """The names a scope binds for itself, and those it declares ``global``."""
-    bound: set[str] = set()
-    declared: set[str] = set()
-    arguments = getattr(scope, "args", None)
-    if isinstance(arguments, ast.arguments):
-        every = [*getattr(arguments, "posonlyargs", []), *arguments.args, *arguments.kwonlyargs,
-                 arguments.vararg, arguments.kwarg]
-        bound.update(argument.arg for argument in every if argument is not None)
-    for node in _walk_scope(_scope_parts(scope)[1]):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            bound.add(node.id)
-        elif isinstance(node, (*_FUNCTIONS, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-        elif isinstance(node, ast.Global):
-            declared.update(node.names)
-        elif isinstance(node, ast.Nonlocal):
-            bound.update(node.names)  # an enclosing function's, so not the module's
-    return bound - declared, declared
-
-
-@dataclass
-class FunctionReads:
-    """What a function's code (nested functions included) reads, by how it reads it."""
-
-    globals: set[str] = field(default_factory=set)  # ast.Name loads that resolve to the module
-    locals: set[str] = field(default_factory=set)  # ast.Name loads of a name bound in a function
-    attributes: set[str] = field(default_factory=set)  # ``anything.name`` loads
-    calls: set[str] = field(default_factory=set)  # module-level names it calls
-    # Calls of the module's ``type`` with three arguments: (the bases tuple's first name, node).
-    type_calls: list[Optional[str]] = field(default_factory=list)
-
-
-def read_function(function: ast.AST) -> FunctionReads:
-    reads = FunctionReads()
-    _read_scope(function, frozenset(), reads)
-    return reads
-
-
-def _read_scope(scope: ast.AST, enclosing: frozenset[str], reads: FunctionReads) -> None:
-    bound, declared = _bindings(scope)
-    visible = (enclosing - declared) | bound
-
-    def is_global(name: str) -> bool:
-        return name in declared or name not in visible
-
-    for node in _walk_scope(_scope_parts(scope)[1]):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            (reads.globals if is_global(node.id) else reads.locals).add(node.id)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-            reads.attributes.add(node.attr)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and is_global(node.func.id):
-            reads.calls.add(node.func.id)
-            if node.func.id == "type" and len(node.args) == 3 and not node.keywords:
-                bases = node.args[1]
-                first = bases.elts[0] if isinstance(bases, ast.Tuple) and bases.elts else None
-                reads.type_calls.append(first.id if isinstance(first, ast.Name) else None)
-        elif isinstance(node, _SCOPES):
-            # A class body's names are not visible in the functions written in it.
-            _read_scope(node, enclosing if isinstance(scope, ast.ClassDef) else visible, reads)
-
-
 @dataclass(frozen=True)
-class SiteReading:
-    """Whether a module's source has one of the class-construction sites the patch knows."""
+class CompiledModule:
+    """A module's source compiled (not run): the names its top level binds, and the code of
+    its top-level functions, which is what the patch reads of the live module's functions."""
 
-    found: bool
-    detail: str  # found: what reads what; else what is missing
-    wrapper: Optional[str] = None
-    chain: tuple[str, ...] = ()  # the entry function, then the functions down to the reader
-
-
-def read_site(site: _patch.Site, source: str, filename: str = "<torch>") -> SiteReading:
-    """Does this source have ``site``: the wrapper class, the deep-copy stub, the cache global (a
-    dict), and the entry function that reads that global by name (an ``ast.Name`` load that
-    resolves to the module, not an attribute or a local), itself or through functions of this
-    module it calls; for a site without a cache, that calls the module's ``type`` with the
-    wrapper class first in the bases. Raises SyntaxError or ValueError for unparsable source."""
-    scope = module_scope(ast.parse(source, filename=filename))
-    wrapper = next((name for name in site.wrappers if name in scope.names), None)
-    if wrapper is None:
-        return SiteReading(False, f"no {' or '.join(site.wrappers)} class")
-    if site.deepcopy not in scope.names:
-        return SiteReading(False, f"no {site.deepcopy}")
-    if site.cache is not None:
-        if site.cache not in scope.names:
-            return SiteReading(False, f"no global {site.cache}", wrapper)
-        if not _is_dict(scope.values.get(site.cache)):
-            return SiteReading(False, f"the global {site.cache} is not assigned a dict", wrapper)
-    if site.entry not in scope.functions:
-        return SiteReading(False, f"no function {site.entry}", wrapper)
-    attribute = local = False
-    paths: dict[str, tuple[str, ...]] = {site.entry: (site.entry,)}
-    pending = [site.entry]
-    while pending:
-        name = pending.pop(0)
-        reads = read_function(scope.functions[name])
-        if site.cache is not None and site.cache in reads.globals:
-            return SiteReading(True, _reads_text(paths[name], f"the global {site.cache}"), wrapper,
-                               paths[name])
-        if site.cache is None and wrapper in reads.type_calls and "type" not in scope.names:
-            return SiteReading(True, _reads_text(paths[name], f"type, calling type(..., ({wrapper}, "
-                                                               "cls), ...)"), wrapper, paths[name])
-        attribute = attribute or (site.cache or "") in reads.attributes
-        local = local or (site.cache or "type") in reads.locals
-        for callee in sorted(reads.calls):
-            if callee in scope.functions and callee not in paths:
-                paths[callee] = (*paths[name], callee)
-                pending.append(callee)
-    read = site.cache or "type"
-    seen = [f"it reads {read} as an attribute"] * attribute + [f"a local {read} hides the global"] * local
-    how = f" ({' and '.join(seen)})" if seen else ""
-    if site.cache is None:
-        return SiteReading(False, f"{site.entry} (and the functions of this module it calls) never "
-                                  f"builds a class with the global type and {wrapper} first{how}",
-                           wrapper)
-    return SiteReading(False, f"{site.entry} (and the functions of this module it calls) never reads "
-                              f"the global {site.cache}{how}", wrapper)
+    names: frozenset[str]
+    functions: dict[str, list[types.CodeType]]
 
 
-def _reads_text(chain: tuple[str, ...], what: str) -> str:
-    if len(chain) == 1:
-        return f"{chain[0]} reads {what}"
-    return f"{chain[0]} reads {what} through {' -> '.join(chain[1:])}"
+def compile_module(path: Path) -> CompiledModule:
+    """Raises OSError, UnicodeDecodeError, SyntaxError or ValueError for a file this Python
+    cannot read or compile."""
+    code = compile(path.read_text(encoding="utf-8"), str(path), "exec", dont_inherit=True)
+    # if/try/with blocks at the top level are part of the module's own code object.
+    names = frozenset(instruction.argval for instruction in dis.get_instructions(code)
+                      if instruction.opname in ("STORE_NAME", "STORE_GLOBAL"))
+    functions: dict[str, list[types.CodeType]] = {}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            functions.setdefault(const.co_name, []).append(const)
+    return CompiledModule(names, functions)
 
 
 @dataclass(frozen=True)
 class LayoutAnswer:
-    """``known``: True: a site the patch knows is in torch's files; False: torch's files hold
-    none of them (a layout unknown to this version); None: cannot tell, or nothing to tell."""
+    """For one API of ``_sites.APIS``: ``known``: True: a site the patch knows is in torch's
+    files; False: torch has the API's module but none of the sites (a layout unknown to this
+    version); None: cannot tell, or nothing to tell (no torch, no such API in this torch)."""
 
+    api: str
     known: Optional[bool]
     text: str
     site: Optional[str] = None
     file: Optional[str] = None
     wrapper: Optional[str] = None
-    doubt: bool = False  # None because torch's files cannot answer, not because there is no FSDP2
+    doubt: bool = False  # None because torch's files cannot answer, not because there is no such API
 
 
-def check_layout(torch_version: Optional[str], search: Optional[Sequence[str]] = None) -> LayoutAnswer:
-    """Whether the installed torch has one of the class-construction sites the patch knows,
-    read from its source files without importing it. ``search``: directories to find torch in
-    instead of ``sys.path``."""
+def check_layout(torch_version: Optional[str], search: Optional[Sequence[str]] = None) -> list[LayoutAnswer]:
+    """For each API of ``_sites.APIS``, whether the installed torch has one of the sites the patch
+    knows, read from its compiled source files without importing it, by the same bytecode check
+    the patch makes at run time (``_sites.shape_problem``). ``search``: directories to find torch
+    in instead of ``sys.path``."""
     if torch_version is None:
-        return LayoutAnswer(None, "torch is not installed")
+        return [LayoutAnswer(api, None, "torch is not installed") for api in _sites.APIS]
     try:
         row = _matrix.row_for(_matrix.TORCH_ROWS, torch_version)
     except ValueError:
         row = None
     if row is not None and not row.affected:
-        return LayoutAnswer(None, f"torch {torch_version} has no FSDP2")
+        return [LayoutAnswer(api, None, f"torch {torch_version} has no FSDP2") for api in _sites.APIS]
     torch_init = module_file("torch", search)
     if torch_init is None:
-        return LayoutAnswer(None, f"cannot tell: torch {torch_version} is installed, but no torch "
-                                  f"package with source files is importable here; {PROOF}", doubt=True)
+        text = (f"cannot tell: torch {torch_version} is installed, but no torch package with source "
+                f"files is importable here; {PROOF}")
+        return [LayoutAnswer(api, None, text, doubt=True) for api in _sites.APIS]
     top = torch_init.parent.parent
-    missing: dict[Path, list[str]] = {}
-    for known_site in _patch.FULLY_SHARD_SITES:
-        source_file = module_file(known_site.module, search)
-        if source_file is None:
+    return [_read_api(api, torch_version, top, search) for api in _sites.APIS]
+
+
+def _read_api(api: str, torch_version: str, top: Path, search: Optional[Sequence[str]]) -> LayoutAnswer:
+    compiled: dict[str, CompiledModule] = {}
+    files: dict[str, Path] = {}
+
+    def has(module: str, name: str) -> bool:
+        return module in compiled and name in compiled[module].names
+
+    def code_of(module: str, name: str) -> list[types.CodeType]:
+        return compiled[module].functions.get(name, []) if module in compiled else []
+
+    missing: dict[str, list[str]] = {}  # shown file: what each site found missing there
+    for candidate in (each for each in _sites.SITES if each.api == api):
+        for name in (candidate.module, candidate.builder_module):
+            path = module_file(name, search)
+            if path is None or name in compiled:
+                continue
+            try:
+                compiled[name], files[name] = compile_module(path), path
+            except (OSError, UnicodeDecodeError) as error:
+                return LayoutAnswer(api, None, f"cannot tell: {_shown(path, top)} cannot be read "
+                                               f"({error}); {PROOF}", file=str(path), doubt=True)
+            except (SyntaxError, ValueError) as error:
+                return LayoutAnswer(api, None, f"cannot tell: this Python cannot compile "
+                                               f"{_shown(path, top)} ({error}); {PROOF}",
+                                    file=str(path), doubt=True)
+        if candidate.module not in compiled:
             continue
-        shown = str(source_file.relative_to(top)) if _inside(source_file, top) else str(source_file)
-        try:
-            reading = read_site(known_site, source_file.read_text(encoding="utf-8"), str(source_file))
-        except (OSError, UnicodeDecodeError) as error:
-            return LayoutAnswer(None, f"cannot tell: {shown} cannot be read ({error}); {PROOF}",
-                                file=str(source_file), doubt=True)
-        except (SyntaxError, ValueError) as error:
-            return LayoutAnswer(None, f"cannot tell: this Python cannot parse {shown} ({error}); {PROOF}",
-                                file=str(source_file), doubt=True)
-        if reading.found:
-            return LayoutAnswer(True, f"known: {known_site.name}: {reading.detail} (wrapper class "
-                                      f"{reading.wrapper}, in {shown}); {PROOF}",
-                                known_site.name, str(source_file), reading.wrapper)
-        # Two sites can share a module (with and without a cache): say what each found missing.
-        details = missing.setdefault(source_file, [])
-        if reading.detail not in details:
-            details.append(reading.detail)
-    unknown = (f"torch {torch_version}'s FSDP2 layout is unknown to fsdp-autopatch "
-               f"{fsdp_autopatch.__version__}")
+        problem = _sites.shape_problem(candidate, has, code_of)
+        shown = _shown(files[candidate.module], top)
+        if problem is None:
+            wrapper = next(name for name in candidate.wrappers if has(candidate.module, name))
+            return LayoutAnswer(api, True, f"known: {candidate.name}: {candidate.builder} calls the "
+                                           f"global type (wrapper class {wrapper}, in {shown}); {PROOF}",
+                                candidate.name, str(files[candidate.module]), wrapper)
+        details = missing.setdefault(shown, [])
+        if problem not in details:
+            details.append(problem)
     if not missing:
-        modules = ", ".join(dict.fromkeys(site.module for site in _patch.FULLY_SHARD_SITES))
-        return LayoutAnswer(False, f"{unknown}: none of the modules where it looks for the class "
-                                   f"construction is in torch's files ({modules}); {PROOF}")
-    found = "; ".join(f"{path.relative_to(top) if _inside(path, top) else path}: {', and '.join(details)}"
-                      for path, details in missing.items())
-    return LayoutAnswer(False, f"{unknown}: {found}; {PROOF}", file=str(next(iter(missing))))
+        return LayoutAnswer(api, None, f"torch {torch_version} has no {api}")
+    unknown = (f"torch {torch_version}'s {api} layout is unknown to fsdp-autopatch "
+               f"{fsdp_autopatch.__version__}")
+    found = "; ".join(f"{shown}: {', and '.join(details)}" for shown, details in missing.items())
+    return LayoutAnswer(api, False, f"{unknown}: {found}; {PROOF}")
 
 
-def _inside(path: Path, directory: Path) -> bool:
+def _shown(path: Path, top: Path) -> str:
     try:
-        path.relative_to(directory)
+        return str(path.relative_to(top))
     except ValueError:
-        return False
-    return True
+        return str(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -584,6 +399,9 @@ class DoctorReport:
     layout_site: Optional[str]
     layout_file: Optional[str]
     layout_wrapper: Optional[str]
+    # The same answer for every API of _sites.APIS (FSDP2 fully_shard first): api, known, text,
+    # site, file, wrapper, doubt.
+    sites: list[dict[str, Any]]
     # True: the patch is set up to apply; False: it will not be; None: cannot tell from files.
     would_apply: Optional[bool]
     reason: str
@@ -640,9 +458,10 @@ def diagnose() -> DoctorReport:
                   f"does; see its answer with: {PROG} verify")
     if newer:
         unknowns.append(reason)
-    layout = check_layout(torch_version)
-    if layout.known is False or layout.doubt:
-        unknowns.append(layout.text)
+    layouts = check_layout(torch_version)
+    layout = layouts[0]  # fully_shard's
+    unknowns += [answer.text for answer in layouts if answer.known is False or answer.doubt]
+    unknowns = list(dict.fromkeys(unknowns))  # "cannot tell" is the same for every API
 
     problems = []
     if mode.name == _config.OFF:
@@ -677,6 +496,7 @@ def diagnose() -> DoctorReport:
         layout_site=layout.site,
         layout_file=layout.file,
         layout_wrapper=layout.wrapper,
+        sites=[asdict(answer) for answer in layouts],
         would_apply=would_apply,
         reason=reason,
         pth_installed=str(startup.pth) if startup.pth else None,
@@ -756,10 +576,13 @@ def show_doctor(report: DoctorReport, console: Console) -> None:
     row("decided by", "the version matrix here (doctor imports no torch); in training processes a "
                       "probe asks torch and CPython directly, and the matrix answers only where it "
                       f"cannot run; see the probe's answer with: {PROG} verify")
-    layout = {True: report.layout, False: console.paint(report.layout, "red"),
-              None: console.paint(report.layout, "yellow") if report.layout.startswith("cannot tell")
-              else report.layout}
-    row("FSDP2 layout", layout[report.layout_known])
+    # One row per API: "fully_shard", "replicate", "DDP replicate".
+    labels = {_sites.FULLY_SHARD: "FSDP2 layout", _sites.FSDP2_REPLICATE: "FSDP2 replicate",
+              _sites.DDP_REPLICATE: "DDP replicate"}
+    for answer in report.sites:
+        text = str(answer["text"])
+        colour = {True: None, False: "red", None: "yellow" if answer["doubt"] else None}[answer["known"]]
+        row(labels[answer["api"]], console.paint(text, colour) if colour else text)
     row(".pth", report.pth_installed or console.paint("not installed", "red"))
     row(".start", report.start_installed or console.paint("not installed", "dim"))
     read = console.paint("read", "green") if report.startup_read else console.paint("NOT read", "red")

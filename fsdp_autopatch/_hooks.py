@@ -1,9 +1,11 @@
-"""Hooks: wait for FSDP2 and transformers, decide once, install once, never break an import.
+"""Hooks: wait for torch's wrappers and transformers, decide once, install per site, never break an import.
 
 wrapt post-import hooks fire in either import order, for modules imported before they were
 registered, and from any thread. Each hook calls ``try_install``, which under one lock checks
 whether everything needed is now loaded, asks torch and CPython whether the bug is here (the
-version matrix answers where they cannot be asked), and installs the patch.
+version matrix answers where they cannot be asked), and installs the patch at every site of
+``_sites`` that the loaded torch has: FSDP2 ``fully_shard``, FSDP2 ``replicate`` and composable
+DDP ``replicate``, each as soon as its module is imported.
 Nothing here lets an exception reach the user's ``import``: a failure is logged once, recorded
 in ``status().reason``, and the program goes on unpatched.
 """
@@ -12,21 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from fsdp_autopatch import _config, _matrix, _patch
+from fsdp_autopatch import _config, _matrix, _patch, _sites
+from fsdp_autopatch._sites import TRANSFORMERS
 
 logger = logging.getLogger("fsdp_autopatch")
 # Silent unless FSDP_AUTOPATCH_LOG asks or the application configures logging itself: without a
 # handler of our own, logging's last-resort handler would print warnings to stderr.
 logger.addHandler(logging.NullHandler())
-
-FSDP_MODULES = _patch.FSDP2_PACKAGES
-TRANSFORMERS = "transformers"
 
 
 @dataclasses.dataclass
@@ -38,6 +37,7 @@ class Status:
     mode: str
     torch: Optional[str] = None
     transformers: Optional[str] = None
+    # The sites patched (and self-checked), named by the function users call.
     sites: tuple[str, ...] = ()
     in_matrix: Optional[bool] = None
     # Who answered whether the bug is here: "probe" (torch and CPython were asked) or "matrix"
@@ -58,8 +58,8 @@ class Status:
 
 _lock = threading.RLock()
 _status: Optional[Status] = None  # None until watch() runs
-_decided = False  # the matrix has answered for the versions loaded; only force reopens it
-_replicate_reported = False  # replicate()'s failure has been said, once
+_decision: Optional[_matrix.Decision] = None  # for the versions loaded; only force reopens it
+_settled: set[str] = set()  # the APIs whose site was patched, or whose failure was said
 # Set while watch() registers the hooks, which wrapt calls at once for a module already in
 # sys.modules: possibly half-run, by an import that started before the hooks existed.
 _registering = threading.local()
@@ -67,19 +67,20 @@ _registering = threading.local()
 IMPORT_WAIT_SECONDS = 600.0
 
 
-def _reset_lock_after_fork() -> None:
-    # A thread that held the lock at fork() does not exist in the child: nothing would release it.
+def after_fork_in_child() -> None:
+    """Called by the start-up module's one fork handler: a thread that held a lock at fork()
+    does not exist in the child, so nothing would release it."""
     global _lock
     _lock = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_lock_after_fork)
+    _patch.after_fork_in_child()
 
 
 def watch(mode: _config.Mode) -> None:
     """Register the post-import hooks for ``mode``; later calls only ever raise the mode to force."""
-    global _status, _decided
+    global _status, _decision
+    import fsdp_autopatch
+
+    fsdp_autopatch.register_fork_handler()
     with _lock:
         first = _status is None
         if not first and (mode.name != _config.FORCE or _status.mode == _config.FORCE):  # type: ignore[union-attr]
@@ -91,36 +92,43 @@ def watch(mode: _config.Mode) -> None:
         if mode.name == _config.OFF:
             _status = Status(False, f"disabled by {_config.MODE_VARIABLE}={mode.raw}", mode.name)
             return
+        if _status is not None and _status.applied:
+            _status.mode = mode.name  # already patched: force changes nothing
+            return
         _status = Status(False, _waiting_reason(mode.name), mode.name)
-        _decided = False
+        _decision = None
     try:
         import wrapt
     except Exception as error:
         _give_up(f"wrapt could not be imported ({type(error).__name__}: {error}); "
                  "reinstall it with: pip install wrapt")
         return
-    names = FSDP_MODULES if mode.name == _config.FORCE else (*FSDP_MODULES, TRANSFORMERS)
+    names = _sites.TORCH_MODULES if mode.name == _config.FORCE else (*_sites.TORCH_MODULES, TRANSFORMERS)
     # Registered now, whatever is imported yet, so that wrapt sees every later import of them (in
     # any thread, in any order) and calls the hook once the module's body has run.
-    hooks: list[tuple[str, Callable[[Any], None]]] = [(name, on_import) for name in names]
-    hooks.append((_patch.REPLICATE_MODULE, _on_replicate_import))
     _registering.active = True
     try:
-        for name, hook in hooks:
+        for name in names:
             try:
-                wrapt.register_post_import_hook(hook, name)
+                wrapt.register_post_import_hook(on_import, name)
             except Exception as error:
-                if hook is _on_replicate_import:
-                    _replicate_failed(f"could not register an import hook for {name}: {error}")
-                else:
-                    _give_up(f"could not register an import hook for {name}: {error}")
-                    return
+                _give_up(f"could not register an import hook for {name}: {error}")
+                return
     finally:
         _registering.active = False
 
 
-def _deferred(module: Any, hook: Callable[[Any], None]) -> bool:
-    """Run ``hook`` later if wrapt called it, while the hooks were being registered, for a module
+def on_import(module: object) -> None:
+    """The post-import hook: must not raise into the import that triggered it."""
+    try:
+        if not _deferred(module):
+            try_install(module)
+    except Exception as error:
+        _give_up(f"the patch failed ({type(error).__name__}: {error}); running unpatched")
+
+
+def _deferred(module: Any) -> bool:
+    """Run the hook later if wrapt called it, while the hooks were being registered, for a module
     whose import is still under way (in another thread, or further up this one): wrapt will not
     call it again, so it runs once that import has finished, from a thread that waits for it."""
     if not (getattr(_registering, "active", False) and _patch.initializing(module)):
@@ -133,34 +141,14 @@ def _deferred(module: Any, hook: Callable[[Any], None]) -> bool:
                and time.monotonic() < deadline):
             time.sleep(0.005)
         if sys.modules.get(name) is module and not _patch.initializing(module):
-            hook(module)  # an import that failed left nothing to patch
+            on_import(module)  # an import that failed left nothing to patch
 
     with _lock:
-        if _status is not None and not _status.applied and not _decided:
+        if _status is not None and not _status.applied and _decision is None:
             _status.reason = f"waiting for the import of {name} under way to finish"
     threading.Thread(target=wait_then_hook, name=f"fsdp-autopatch: waiting for {name}",
                      daemon=True).start()
     return True
-
-
-def _write_stderr(line: str) -> None:
-    """One line on stderr, if there is one (pythonw and some services have ``sys.stderr = None``)."""
-    stream = sys.stderr
-    if stream is None:
-        return
-    try:
-        stream.write(line + "\n")
-    except Exception:  # a closed or unencodable stream must not keep the hooks from registering
-        pass
-
-
-def on_import(module: object) -> None:
-    """The post-import hook: must not raise into the import that triggered it."""
-    try:
-        if not _deferred(module, on_import):
-            try_install(module)
-    except Exception as error:
-        _give_up(f"the patch failed ({type(error).__name__}: {error}); running unpatched")
 
 
 def notify_loaded(module: object) -> None:
@@ -171,132 +159,100 @@ def notify_loaded(module: object) -> None:
 
 
 def try_install(just_ran: Optional[object] = None) -> None:
-    """Decide and install, once everything needed is imported. ``just_ran``: the module whose
-    post-import hook this is (its body has run, though the import system still marks it)."""
-    global _decided
+    """Decide once everything needed is imported, then install at every site not yet settled.
+    ``just_ran``: the module whose post-import hook this is (its body has run, though the import
+    system still marks it)."""
+    global _decision
     with _lock:
-        if _status is None or _status.applied or _decided:
+        if _status is None or _status.mode == _config.OFF or (_decision is not None and not _decision.apply):
             return
         mode = _status.mode
-        presence = _patch.fsdp2_presence(just_ran)
-        if presence == _patch.FSDP2_ABSENT:
-            _status.reason = _waiting_reason(mode)
-            return
-        torch_version, torch_note = _version_of("torch")
-        transformers_version, transformers_note = (
-            _version_of(TRANSFORMERS) if TRANSFORMERS in sys.modules else (None, ""))
-        _status.torch, _status.transformers = torch_version, transformers_version
-        site = _patch.fully_shard_site() if presence == _patch.FSDP2_LOADED else None
-        if site is None:
-            # Nothing could be patched on this torch, whatever transformers is; waiting for it
-            # would leave the status saying "waiting" for good.
-            elsewhere = _fsdp2_elsewhere(torch_version)
-            if elsewhere is None:
+        found = {api: _patch.resolve_api(api, just_ran) for api in _sites.APIS if api not in _settled}
+        loaded = {api: construction for api, construction in found.items() if construction is not None}
+        if _decision is None:
+            if not loaded:
+                unknown = _unknown_layout(just_ran)
+                _status.reason = unknown or _waiting_reason(mode)
+                if unknown is not None and _sites.FULLY_SHARD not in _settled:
+                    _settled.add(_sites.FULLY_SHARD)
+                    logger.warning("%s", unknown)
+                return
+            if mode != _config.FORCE and TRANSFORMERS not in sys.modules:
+                # Only its version is needed, and that is set first thing in its __init__.
                 _status.reason = _waiting_reason(mode)
                 return
-            _status.reason, warn = torch_note + elsewhere[0], elsewhere[1]
-            _decided = True
-            (logger.warning if warn else logger.info)("%s", _status.reason)
-            return
-        if mode != _config.FORCE and TRANSFORMERS not in sys.modules:
-            # Only its version is needed, and that is set first thing in its __init__.
-            _status.reason = _waiting_reason(mode)
-            return
-        decision = _matrix.decide(mode, torch_version, transformers_version, _patch.probe_layout_bug)
-        _status.in_matrix, _status.decided_by = decision.in_matrix, decision.decided_by
-        _status.reason = "".join((torch_note, transformers_note, decision.reason))
-        _decided = True
-        if not decision.apply:
-            log = logger.warning if decision.cannot_tell else logger.info
-            log("not patching%s: %s", _decided_by(decision), _status.reason)
-            return
-        site = _patch.install_fully_shard()
-        problem = _patch.keep_if_working(site, sys.modules[site.module])
-        if problem is not None:
-            _status.reason += (f"; but the fix failed its self-check, so fully_shard runs unpatched: "
-                               f"{problem}; upgrade fsdp-autopatch, or report it")
-            logger.warning("%s", _status.reason)
-            return
-        _status.applied, _status.sites = True, (site.name,)
-        logger.info("patched fully_shard for ABC-based modules%s: %s", _decided_by(decision),
-                    _status.reason)
-        # Not yet imported, or still being imported: its own hook patches it.
-        _patch_replicate(_patch.loaded(_patch.REPLICATE_MODULE))
-
-
-def _fsdp2_elsewhere(torch_version: Optional[str]) -> Optional[tuple[str, bool]]:
-    """What to say when FSDP2 is imported but not where this package looks: None to wait for
-    torch 2.4/2.5's FSDP2 package; else the reason and whether it is worth a warning."""
-    try:
-        row = _matrix.row_for(_matrix.TORCH_ROWS, torch_version) if torch_version else None
-        older = torch_version is not None and _matrix.release(torch_version) < _matrix.FSDP2_IN_FSDP_PACKAGE
-    except ValueError:
-        row, older = None, False
-    if row is not None and not row.affected:
-        return f"torch {torch_version} has no FSDP2 ({row.evidence}): nothing to patch", False
-    if older and _patch.loaded(_matrix.COMPOSABLE_FSDP) is None:
-        return None  # FSDP1 so far: this torch's FSDP2 is imported from the composable package
-    return _patch.unknown_layout_reason(torch_version), True
-
-
-def _on_replicate_import(module: Any) -> None:
-    """replicate_with_fsdp's post-import hook: it runs once its body has run, or at once when
-    the hook is registered after it was imported."""
-    try:
-        if not _deferred(module, _on_replicate_import):
-            _patch_replicate(module)
-    except Exception as error:  # fully_shard stays patched; only replicate() goes without
-        _replicate_failed(f"{type(error).__name__}: {error}")
-
-
-def _patch_replicate(module: Any) -> None:
-    """Patch replicate()'s site in ``module`` (a module whose body has run, or None: not loaded),
-    once fully_shard is patched; the failure is said once."""
-    site = _patch.REPLICATE_SITE
-    with _lock:
-        if (module is None or _status is None or not _status.applied or site.name in _status.sites
-                or _replicate_reported):
-            return
-        if _patch.patch_site(site, module):
-            problem = _patch.keep_if_working(site, module)
-            if problem is None:
-                _status.sites += (site.name,)
+            torch_version, torch_note = _version_of("torch")
+            transformers_version, transformers_note = (
+                _version_of(TRANSFORMERS) if TRANSFORMERS in sys.modules else (None, ""))
+            _status.torch, _status.transformers = torch_version, transformers_version
+            first = next(iter(loaded.values()))
+            _decision = _matrix.decide(mode, torch_version, transformers_version,
+                                       lambda: _patch.probe_layout_bug(first))
+            _status.in_matrix, _status.decided_by = _decision.in_matrix, _decision.decided_by
+            _status.reason = "".join((torch_note, transformers_note, _decision.reason))
+            if not _decision.apply:
+                log = logger.warning if _decision.cannot_tell else logger.info
+                log("not patching%s: %s", _decided_by(_decision), _status.reason)
                 return
-        elif _replicate_predates_its_site(_status.torch):
-            logger.debug("%s has no class cache of its own on torch %s: nothing to patch there",
-                         site.module, _status.torch)
-            return
-        else:
-            names = "/".join(site.wrappers) + f", {site.deepcopy}, {site.cache}"
-            problem = (f"{site.module} has none of the names this version of fsdp-autopatch patches "
-                       f"({names}); upgrade fsdp-autopatch")
-    _replicate_failed(problem)
+        for api, construction in loaded.items():
+            _settled.add(api)
+            problem = _patch.install_checked(construction)
+            if problem is None:
+                _status.applied = True
+                _status.sites += (construction.site.name,)
+                logger.info("patched %s (%s) for ABC-based modules%s: %s", api, construction.site.name,
+                            _decided_by(_decision), _status.reason)
+            else:
+                _site_failed(api, f"the fix failed its self-check: {problem}; upgrade fsdp-autopatch, "
+                                  "or report it")
+        unknown = _unknown_layout(just_ran)
+        if unknown is not None and unknown not in _status.reason:
+            _status.reason += f"; {unknown}"
+            if _sites.FULLY_SHARD not in _settled:
+                _settled.add(_sites.FULLY_SHARD)
+                logger.warning("%s", unknown)
 
 
-def _replicate_predates_its_site(torch_version: Optional[str]) -> bool:
-    """Is this torch older than the releases whose replicate() builds classes at its own site?"""
-    try:
-        return torch_version is not None and _matrix.release(torch_version) < _matrix.REPLICATE_ROW.first
-    except ValueError:
-        return False
-
-
-def _replicate_failed(problem: str) -> None:
-    """Say once, in the status and the log, that replicate() is not patched and why."""
-    global _replicate_reported
-    message = f"replicate() runs unpatched: {problem}"
-    with _lock:
-        if _replicate_reported:
-            return
-        _replicate_reported = True
-        if _status is not None:
-            _status.reason += f"; {message}"
+def _site_failed(api: str, problem: str) -> None:
+    """Say once, in the status and the log, that ``api`` runs unpatched and why."""
+    _settled.add(api)
+    message = f"{api} runs unpatched: {problem}"
+    if _status is not None:
+        _status.reason += f"; {message}"
     logger.warning("%s", message)
 
 
-def _decided_by(decision: _matrix.Decision) -> str:
+def _unknown_layout(just_ran: Optional[object]) -> Optional[str]:
+    """What to say when an FSDP2 package that exports fully_shard finished importing, and none
+    of the sites this package knows for it is there (torch moved it); None otherwise, torch 2.4
+    and 2.5's FSDP1-only ``torch.distributed.fsdp`` included."""
+    packages = [_patch.loaded(name, just_ran) for name in _sites.FSDP2_PACKAGES]
+    if not any(callable(getattr(package, "fully_shard", None)) for package in packages):
+        return None
+    if _patch.resolve_api(_sites.FULLY_SHARD, just_ran) is not None:
+        return None
+    import fsdp_autopatch
+
+    torch_version = _version_of("torch")[0]
+    torch = f"torch {torch_version}" if torch_version else "this torch"
+    row = _torch_row(torch_version)
+    if row is not None and not row.affected:
+        return None
+    return (f"{torch}'s FSDP2 layout is unknown to fsdp-autopatch {fsdp_autopatch.__version__} (none of "
+            "the class-construction sites it patches is there): fully_shard runs unpatched; "
+            f"upgrade fsdp-autopatch, or set {_config.MODE_VARIABLE}=0 if you do not need it")
+
+
+def _torch_row(torch_version: Optional[str]) -> Optional[_matrix.Row]:
+    try:
+        return _matrix.row_for(_matrix.TORCH_ROWS, torch_version) if torch_version else None
+    except ValueError:
+        return None
+
+
+def _decided_by(decision: Optional[_matrix.Decision]) -> str:
     names = {_matrix.PROBE: "the probe", _matrix.MATRIX: "the version matrix"}
-    who = names.get(decision.decided_by or "")
+    who = names.get((decision and decision.decided_by) or "")
     return f" (decided by {who})" if who else ""
 
 
@@ -326,10 +282,10 @@ def _version_of(package: str) -> tuple[Optional[str], str]:
 def _waiting_reason(mode: str) -> str:
     """What the patch still waits for, naming only what is not imported yet."""
     missing = []
-    if _patch.fsdp2_presence() == _patch.FSDP2_ABSENT:
-        missing.append("FSDP2 (torch.distributed.fsdp)")
-    elif _patch.fully_shard_site() is None:  # torch 2.4/2.5 with FSDP1 imported
-        missing.append(f"FSDP2 ({_matrix.COMPOSABLE_FSDP})")
+    if not any(_patch.resolve_api(api) for api in _sites.APIS):
+        fsdp1_only = _patch.loaded(_sites.FSDP2_PACKAGES[0]) is not None  # torch 2.4/2.5
+        fsdp2 = _sites.COMPOSABLE_FSDP if fsdp1_only else _sites.FSDP2_PACKAGES[0]
+        missing.append(f"FSDP2 ({fsdp2})")
     if mode != _config.FORCE and TRANSFORMERS not in sys.modules:
         missing.append(TRANSFORMERS)
     if not missing:  # all there: the hooks are about to decide
@@ -338,14 +294,25 @@ def _waiting_reason(mode: str) -> str:
 
 
 def _give_up(reason: str) -> None:
-    global _status, _decided
+    global _status, _decision
     with _lock:
         if _status is None:
             _status = Status(False, reason, _config.mode_from_environment().name)
         _status.applied = False
         _status.reason = reason
-        _decided = True
+        _decision = _matrix.Decision(False, reason, None)
     logger.warning("%s", reason)
+
+
+def _write_stderr(line: str) -> None:
+    """One line on stderr, if there is one (pythonw and some services have ``sys.stderr = None``)."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    try:
+        stream.write(line + "\n")
+    except Exception:  # a closed or unencodable stream must not keep the hooks from registering
+        pass
 
 
 def _configure_logging() -> None:

@@ -9,7 +9,7 @@ sit on the same ``__base__`` and add the same slots. ``class Head(ABC, nn.Module
 ``object``, so the walks end on different bases and the swap is refused. 3.15 walks further
 (it accepts the ABC case, not a ``Generic[T]`` one), and every version compares flags a model
 in Python would miss. So each decision here is CPython's own answer on an uninitialised
-instance; the rule above is modelled (``swap_accepted``) only for classes of which no such
+instance; the rule above is modelled (``_swap_accepted``) only for classes of which no such
 instance can be made.
 
 The fix builds, per layout parent ``P`` (``ABC``, ``Generic[T]``, a ``collections.abc`` mixin),
@@ -66,7 +66,7 @@ def _adds_nothing(cls: type) -> bool:
     return same_sizes and (cls.__flags__ & _HAVE_GC) == (base.__flags__ & _HAVE_GC)
 
 
-def layout_root(cls: type) -> type:
+def _layout_root(cls: type) -> type:
     """The class where CPython's layout walk stops: the one that last changed the layout."""
     while _adds_nothing(cls):
         cls = cls.__base__  # type: ignore[assignment]
@@ -79,9 +79,9 @@ def _own_slots(cls: type) -> tuple[str, ...]:
     return tuple(name for name in names if name not in ("__dict__", "__weakref__"))
 
 
-def swap_accepted(old: type, new: type) -> bool:
+def _swap_accepted(old: type, new: type) -> bool:
     """Would CPython accept ``instance_of_old.__class__ = new``? (``compatible_for_assignment``)"""
-    old_root, new_root = layout_root(old), layout_root(new)
+    old_root, new_root = _layout_root(old), _layout_root(new)
     if old_root is new_root:
         return True
     return (
@@ -285,7 +285,7 @@ def type_called_from(module_name: str) -> Callable[..., Any]:
 _SET_CLASS = object.__dict__["__class__"].__set__
 
 
-def probe_instance(cls: type) -> Optional[object]:
+def _probe_instance(cls: type) -> Optional[object]:
     """An uninitialised instance of ``cls`` to try class swaps on, or None where none can be made
     safely: ``object.__new__`` refuses abstract classes and classes whose C base has its own
     ``__new__``, and a ``__del__`` would later run on the uninitialised instance."""
@@ -297,7 +297,7 @@ def probe_instance(cls: type) -> Optional[object]:
         return None
 
 
-def swap_allowed(instance: object, new: type) -> bool:
+def _swap_allowed(instance: object, new: type) -> bool:
     """Does CPython accept ``instance.__class__ = new``? The instance keeps its class."""
     old = type(instance)
     try:
@@ -337,18 +337,13 @@ class WrapperClass:
 def acceptance(cls: type) -> Callable[[type], bool]:
     """A test of whether CPython accepts a class swap for instances of ``cls``: tried on an
     uninitialised instance, or, for classes of which none can be made safely, judged by the rule
-    (``swap_accepted``)."""
-    instance = probe_instance(cls)
+    (``_swap_accepted``)."""
+    instance = _probe_instance(cls)
     if instance is not None:
-        return lambda new: swap_allowed(instance, new)
+        return lambda new: _swap_allowed(instance, new)
     logger.debug("no instance of %s can be made to ask CPython; judging its layout by the rule "
                  "as CPython 3.9-3.14 state it", cls.__qualname__)
-    return lambda new: swap_accepted(cls, new)
-
-
-def accepts(cls: type, new: type) -> bool:
-    """Does CPython accept ``instance_of_cls.__class__ = new``?"""
-    return acceptance(cls)(new)
+    return lambda new: _swap_accepted(cls, new)
 
 
 def wrapper_class(

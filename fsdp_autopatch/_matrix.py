@@ -42,11 +42,6 @@ class Row:
             self.end is None or numbers < _significant(self.end)
         )
 
-    @property
-    def span(self) -> str:
-        first = ".".join(map(str, self.first))
-        return f">={first}" + (f",<{'.'.join(map(str, self.end))}" if self.end else "")
-
 
 TRANSFORMERS_ROWS = (
     Row("transformers", (0,), (4, 54, 0), False,
@@ -85,21 +80,65 @@ TORCH_ROWS = (
 )
 
 # torch.distributed.fsdp exports FSDP2's fully_shard from 2.6 on (2.6.0 - 2.15.0 read); 2.4 and
-# 2.5 have it only in torch.distributed._composable.fsdp, where the matrix runs on 2.4.1 and
-# 2.5.1 import it, and their torch.distributed.fsdp is FSDP1.
+# 2.5 have it only in torch.distributed._composable.fsdp (_sites.COMPOSABLE_FSDP), where the matrix
+# runs on 2.4.1 and 2.5.1 import it, and their torch.distributed.fsdp is FSDP1.
 FSDP2_IN_FSDP_PACKAGE: Release = (2, 6)
-COMPOSABLE_FSDP = "torch.distributed._composable.fsdp"
 
-# replicate() builds Replicate<Name>(ReplicateModule, cls) through the same helper as fully_shard,
-# with its own cache (torch.distributed._composable.replicate_with_fsdp.cls_to_replicate_cls).
+# FSDP2's replicate() builds Replicate<Name>(ReplicateModule or FSDPModule, cls) with its own cache
+# (torch.distributed._composable.replicate_with_fsdp.cls_to_replicate_cls).
 REPLICATE_ROW = Row(
-    "torch", (2, 11), (2, 16), True,
-    "2.13.0 (installed) and 2.14.1 (wheel) read: replicate_with_fsdp.cls_to_replicate_cls and "
-    "ReplicateModule(FSDPModule), passed to _fsdp_init._apply_to_module like fully_shard's; "
-    "2.11.0, 2.12.1, 2.15.0 read with the fully_shard rows; 2.13.0 run: layout error, fixed",
-    f"2.11{_TO}2.15",
-    "`replicate()` (`_composable/replicate_with_fsdp.py`) builds `Replicate<Name>` the same way, "
+    "torch", (2, 9), (2, 16), True,
+    "2.9.1 and 2.10.0 read: replicate_with_fsdp.replicate_impl builds Replicate<Name> inline "
+    "((FSDPModule, cls) in 2.9.1, (ReplicateModule, cls) in 2.10.0) with cls_to_replicate_cls; "
+    "2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0 read: passed to _fsdp_init._apply_to_module like "
+    "fully_shard's; 2.13.0 run: layout error, fixed; 2.4.1 - 2.8.0 have no replicate_with_fsdp",
+    f"2.9{_TO}2.15",
+    "FSDP2 `replicate()` (`_composable/replicate_with_fsdp.py`) builds `Replicate<Name>` the same way, "
     "with its own cache: patched",
+)
+
+# Composable DDP's replicate() builds DDP<Name>(DDP, cls) inline, a new class on every call.
+DDP_ROW = Row(
+    "torch", (2, 4), (2, 16), True,
+    "2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0, 2.13.0 and 2.15.0 read: _composable/replicate.py's replicate() "
+    "ends with type(f\"DDP{cls.__name__}\", (DDP, cls), dct) and module.__class__ = new_cls, no cache; "
+    "2.13.0 + transformers 4.55.2 run: layout error, fixed",
+    f"2.4{_TO}2.15",
+    "composable DDP `replicate()` (`_composable/replicate.py`) builds `DDP<Name>` inline, a new class "
+    "per call: patched",
+)
+
+
+
+@dataclass(frozen=True)
+class ClassSwap:
+    """A place in torch that assigns an object's ``__class__``, left alone, and why."""
+
+    file: str  # relative to the torch package
+    function: str  # the enclosing function's qualified name, "<module>" at the top level
+    reason: str
+
+
+# Every __class__ assignment in torch 2.4.1 - 2.15.0's Python sources that is not one of
+# _sites.SITES' builders (a sweep of each release's wheel, reading every assignment to
+# ``X.__class__`` and every setattr of "__class__"); tests/test_sites.py reads the installed torch
+# and fails on one that is neither a site nor listed here.
+OTHER_CLASS_SWAPS = (
+    ClassSwap("nn/utils/parametrize.py", "_inject_new_class",
+              "one base: Parametrized<Name>(cls,) keeps the original class's layout"),
+    ClassSwap("nn/utils/parametrize.py", "remove_parametrizations", "back to the module's own class"),
+    ClassSwap("nn/modules/lazy.py", "LazyModuleMixin._infer_parameters",
+              "lazy modules become torch's own cls_to_become"),
+    ClassSwap("nn/parameter.py", "UninitializedTensorMixin.materialize", "parameters, not modules"),
+    ClassSwap("ao/nn/quantized/modules/activation.py", "MultiheadAttention.from_observed",
+              "torch.ao quantization swaps between torch's own classes"),
+    ClassSwap("ao/nn/quantized/modules/rnn.py", "LSTM.from_observed",
+              "torch.ao quantization swaps between torch's own classes"),
+    ClassSwap("fx/experimental/proxy_tensor.py", "_ModuleStackTracer.__init__.AttrProxy.__init__",
+              "torch.fx's tracing proxies, not modules users shard or replicate"),
+    ClassSwap("utils/_config_module.py", "install_config_module", "a Python module object, not an nn.Module"),
+    ClassSwap("utils/deterministic.py", "<module>", "a Python module object, not an nn.Module"),
+    ClassSwap("distributed/_spmd/config.py", "<module>", "a Python module object, not an nn.Module (2.4)"),
 )
 
 # CPython decides the swap itself (compatible_for_assignment in Objects/typeobject.c); torch
@@ -174,11 +213,6 @@ def first_release_after(rows: tuple[Row, ...]) -> Release:
     return end
 
 
-def replicate_patched(torch_version: str) -> bool:
-    """Is this a torch whose ``replicate()`` the evidence shows building patchable classes?"""
-    return REPLICATE_ROW.covers(release(torch_version))
-
-
 def python_version() -> str:
     return ".".join(map(str, sys.version_info[:3]))
 
@@ -247,11 +281,11 @@ def decide(
                  else None if torch_row is None else True)
     refused = probe() if probe is not None else None
     if refused is True:
-        return Decision(True, f"{pair} has the bug: {cpython} refuses torch {torch_version}'s FSDP "
+        return Decision(True, f"{pair} has the bug: {cpython} refuses torch {torch_version}'s wrapper "
                               "classes for ABC modules (probed)", in_matrix, PROBE)
     if refused is False:
-        return Decision(False, f"{cpython} accepts torch {torch_version}'s FSDP classes for ABC "
-                               "modules (probed): nothing to patch", in_matrix, PROBE)
+        return Decision(False, f"{cpython} accepts torch {torch_version}'s wrapper classes for "
+                               "ABC modules (probed): nothing to patch", in_matrix, PROBE)
     if in_matrix is True:
         assert torch_row is not None
         return Decision(True, f"{pair} has the bug on {cpython} (version matrix: "
@@ -259,11 +293,11 @@ def decide(
     if in_matrix is False:
         # The row's range, not its evidence: the evidence names the CPython it was measured on,
         # often the very one running, which the reason already names.
-        return Decision(False, f"{cpython} accepts torch's FSDP classes for ABC modules, as the "
+        return Decision(False, f"{cpython} accepts torch's wrapper classes for ABC modules, as the "
                                f"version matrix has it for CPython {python_row.versions}: nothing to "
                                f"patch (set {_config.MODE_VARIABLE}=force for your own modules whose "
                                "swap it still refuses)", False, MATRIX)
-    return Decision(False, f"torch {torch_version} is newer than the matrix and its FSDP class "
+    return Decision(False, f"torch {torch_version} is newer than the matrix and its class "
                            "construction could not be probed; set "
                            f"{_config.MODE_VARIABLE}=force to patch anyway", None, MATRIX,
                     cannot_tell=True)
@@ -281,6 +315,9 @@ def render_version_table() -> str:
     lines += [f"| torch | {row.versions} | {row.fact} |" for row in TORCH_ROWS]
     lines.append(f"| torch | ≥ {newer} | not in the rows: only the probe can say; without one, "
                  f"not patched (`{_config.MODE_VARIABLE}=force` patches anyway) |")
-    lines.append(f"| torch | {REPLICATE_ROW.versions} | {REPLICATE_ROW.fact} |")
+    lines += [f"| torch | {row.versions} | {row.fact} |" for row in (REPLICATE_ROW, DDP_ROW)]
     lines += [f"| Python | {row.versions} | {row.fact} |" for row in PYTHON_ROWS]
+    lines += ["", f"Every other `__class__` assignment in torch 2.4{_TO}2.15, left alone:", "",
+              "| file (in torch/) | function | why |", "| --- | --- | --- |"]
+    lines += [f"| `{swap.file}` | `{swap.function}` | {swap.reason} |" for swap in OTHER_CLASS_SWAPS]
     return "\n".join(lines) + "\n"

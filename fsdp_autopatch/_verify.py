@@ -16,12 +16,15 @@ call ``shard_and_train`` directly.
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
+
+from fsdp_autopatch._sites import DDP_MODULE, FSDP2_PACKAGES
 
 # The three transformers heads that inherit abc.ABC in 4.54.0-4.55.2, and a causal LM of the same
 # family, which never needed the patch and must get torch's own class.
@@ -32,8 +35,12 @@ MODELS = {
     "causal-lm": "AutoModelForCausalLM",
 }
 # The causal LM never needs the patch and always gets torch's own class: whatever it shows is what
-# this torch's FSDP2 does here, and the control every other model is graded against.
+# this torch's wrapper does here, and the control every other model is graded against.
 CONTROL = "causal-lm"
+# Each model is run twice: sharded with FSDP2's fully_shard (each decoder layer, then the root),
+# and replicated with composable DDP's replicate (the root); the DDP run's name has this suffix,
+# and it is graded against the causal LM's DDP run.
+DDP_SUFFIX = " (DDP)"
 # CPython's words when it refuses the class swap: the bug itself, as torch raises it.
 LAYOUT_ERROR = "object layout differs"
 # Sharded and unsharded copies see the same weights and batches; anything above rounding noise
@@ -96,42 +103,66 @@ def fsdp2() -> Any:
     torch 2.6+ exports ``fully_shard`` from ``torch.distributed.fsdp``. torch 2.4 and 2.5 have it
     only in ``torch.distributed._composable.fsdp``, and there ``torch.distributed.fsdp`` is FSDP1.
     """
-    import importlib
-
     import torch
 
-    from fsdp_autopatch._matrix import COMPOSABLE_FSDP, FSDP2_IN_FSDP_PACKAGE, release
+    from fsdp_autopatch._matrix import FSDP2_IN_FSDP_PACKAGE, release
 
-    if release(torch.__version__) >= FSDP2_IN_FSDP_PACKAGE:
-        return importlib.import_module("torch.distributed.fsdp")
-    return importlib.import_module(COMPOSABLE_FSDP)
+    in_fsdp = release(torch.__version__) >= FSDP2_IN_FSDP_PACKAGE
+    return importlib.import_module(FSDP2_PACKAGES[0] if in_fsdp else FSDP2_PACKAGES[1])
 
 
-def shard_and_train(kind: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
-    """Shard each decoder layer and the root, then train next to an unsharded copy."""
+def runs(kinds: Iterable[str]) -> list[str]:
+    """The runs of these models: each with fully_shard, then each with composable DDP."""
+    kinds = list(kinds)
+    return [*kinds, *(kind + DDP_SUFFIX for kind in kinds)]
+
+
+def run_kind(run: str) -> tuple[str, bool]:
+    """The model of a run, and whether the run replicates it with composable DDP."""
+    ddp = run.endswith(DDP_SUFFIX)
+    return (run[: -len(DDP_SUFFIX)] if ddp else run), ddp
+
+
+def control_of(run: str) -> str:
+    """The causal LM's run with the same wrapper: what ``run`` is graded against."""
+    return CONTROL + DDP_SUFFIX if run_kind(run)[1] else CONTROL
+
+
+def shard_and_train(run: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
+    """Shard each decoder layer and the root with fully_shard (or replicate the root with
+    composable DDP, for a DDP run), then train next to an unwrapped copy."""
     import torch
 
-    fsdp = fsdp2()
-    FSDPModule, fully_shard = fsdp.FSDPModule, fsdp.fully_shard
+    kind, ddp = run_kind(run)
+    if ddp:
+        # The module, not the function of the same name that torch.distributed._composable exports.
+        composable = importlib.import_module(DDP_MODULE)
+        wrapper, wrap = composable.DDP, composable.replicate
+    else:
+        fsdp = fsdp2()
+        wrapper, fully_shard = fsdp.FSDPModule, fsdp.fully_shard
+
+        def wrap(module: Any) -> None:
+            fully_shard(module, mesh=mesh)
 
     started = time.perf_counter()
     model = build_model(kind)
     original = type(model)
     reference = copy.deepcopy(model)
-    result: dict[str, Any] = {"model": kind, "class": type(model).__name__}
+    result: dict[str, Any] = {"model": run, "class": type(model).__name__}
     try:
-        for layer in model.base_model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        targets = [] if ddp else list(model.base_model.layers)
+        for module in (*targets, model):
+            wrap(module)
     except TypeError as error:
         result.update(sharded=False, error=str(error), seconds=time.perf_counter() - started)
         return result
     result.update(
         sharded=True,
         wrapper=describe_class(type(model)),
-        is_fsdp_module=isinstance(model, FSDPModule),
-        # torch's own construction: type(f"FSDP{name}", (FSDPModule, cls), ...)
-        upstream_bases=type(model).__bases__ == (FSDPModule, original),
+        is_fsdp_module=isinstance(model, wrapper),
+        # torch's own construction: type(f"FSDP{name}", (FSDPModule, cls), ...), DDP likewise
+        upstream_bases=type(model).__bases__ == (wrapper, original),
         original_at_mro_2=type(model).__mro__[2] is original,
         layer_wrapper=type(model.base_model.layers[0]).__name__,
     )
@@ -194,7 +225,7 @@ def outcome(result: Optional[Mapping[str, Any]]) -> str:
 class Grade:
     outcomes: dict[str, str]
     ok: dict[str, bool]
-    control: str  # the control's outcome; ABSENT when it did not run
+    control: str  # the FSDP2 control's outcome; ABSENT when it did not run
 
     @property
     def failed(self) -> list[str]:
@@ -214,11 +245,15 @@ def grade(results: Mapping[str, Mapping[str, Any]]) -> Grade:
     2.5 cannot train FSDP2 on a CPU at all, and torch 2.8 on two gloo ranks updates differently
     from one process, for torch's own classes too. Without a control, only exact training passes.
     """
-    outcomes = {kind: outcome(result) for kind, result in results.items()}
-    control = outcomes.get(CONTROL, ABSENT)
-    worst = SHARDED_OUTCOMES.index(control) if control in SHARDED_OUTCOMES else 0
-    tolerated = SHARDED_OUTCOMES[:worst + 1]
-    return Grade(outcomes, {kind: seen in tolerated for kind, seen in outcomes.items()}, control)
+    outcomes = {run: outcome(result) for run, result in results.items()}
+
+    def tolerated(run: str) -> tuple[str, ...]:
+        control = outcomes.get(control_of(run), ABSENT)
+        worst = SHARDED_OUTCOMES.index(control) if control in SHARDED_OUTCOMES else 0
+        return SHARDED_OUTCOMES[:worst + 1]
+
+    ok = {run: seen in tolerated(run) for run, seen in outcomes.items()}
+    return Grade(outcomes, ok, outcomes.get(CONTROL, ABSENT))
 
 
 def json_lines(output: str) -> list[dict[str, Any]]:
@@ -310,10 +345,10 @@ def main(argv: list[str]) -> int:
     if argv == ["--check"]:
         problem = missing_prerequisite()
         return 0 if problem is None else cannot_run(problem)
-    kinds = argv or list(MODELS)
-    unknown = [kind for kind in kinds if kind not in MODELS]
+    kinds = argv or runs(MODELS)
+    unknown = [kind for kind in kinds if run_kind(kind)[0] not in MODELS]
     if unknown:
-        print(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}", file=sys.stderr)
+        print(f"unknown model {unknown[0]!r}; choose from {', '.join(runs(MODELS))}", file=sys.stderr)
         return 2
     problem = missing_prerequisite()
     if problem is not None:

@@ -95,10 +95,11 @@ class VerifyRun:
 
 
 def models_to_run(requested: Optional[list[str]]) -> list[str]:
-    """The models asked for, and the causal LM: without the control, a loss that differs could
-    be torch's own doing or the patch's, and verify would have to guess."""
+    """The runs of the models asked for, and of the causal LM, each with fully_shard and with
+    composable DDP: without the control, a loss that differs could be torch's own doing or the
+    patch's, and verify would have to guess."""
     models = list(dict.fromkeys(requested or _verify.MODELS))
-    return models if _verify.CONTROL in models else [*models, _verify.CONTROL]
+    return _verify.runs(models if _verify.CONTROL in models else [*models, _verify.CONTROL])
 
 
 def run_verify(options: argparse.Namespace, console: Console) -> int:
@@ -296,16 +297,18 @@ def verify_verdict(run: VerifyRun, timeout: float) -> tuple[int, str]:
         first = failed[0]
         what = (first.get("error") or first.get("train_error")
                 or f"losses differ by {first.get('max_loss_difference')}")
-        head = f"FAIL: {len(failed)} of {len(run.models)} models cannot be used with FSDP2 ({what})"
+        head = (f"FAIL: {len(failed)} of {len(run.models)} runs cannot be used with FSDP2 or DDP "
+                f"({failed[0]['model']}: {what})")
         if status.get("applied"):
             return EXIT_BROKEN, (f"{head}, although the patch was applied; please report it with "
                                  f"the output of: {PROG} doctor --json")
         return EXIT_BROKEN, f"{head}; the patch was not applied: {status.get('reason')}; {remedy(status)}"
     if run.crash or len(run.results) < len(run.models):
         return EXIT_BROKEN, f"FAIL: {run.crash or 'rank 0 stopped before every model was done'}"
-    done = f"{len(run.results)} of {len(run.models)} models sharded with FSDP2 and trained"
+    done = (f"{len(run.results)} of {len(run.models)} runs wrapped (FSDP2 fully_shard, composable DDP "
+            "replicate) and trained")
     if grade.control == _verify.UNTRAINED:
-        done = (f"{len(run.results)} of {len(run.models)} models sharded with FSDP2, none could "
+        done = (f"{len(run.results)} of {len(run.models)} runs wrapped with FSDP2 and DDP; FSDP2 cannot "
                 f"train in this torch ({control_result(run).get('train_error')})")
     if status.get("applied"):
         return EXIT_OK, (f"OK: {done}; the patch was applied at start-up, as it will be in training "

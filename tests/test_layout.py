@@ -314,7 +314,7 @@ def test_class_without_a_safe_probe_instance_is_judged_by_the_rule(
 ) -> None:
     """A ``__del__`` would run on an uninitialised instance, so none is made: the rule decides,
     says so at debug level, and what it builds is still what CPython accepts."""
-    assert _layout.probe_instance(Finalized) is None
+    assert _layout._probe_instance(Finalized) is None
     with caplog.at_level(logging.DEBUG, logger="fsdp_autopatch"):
         built = build(wrapper, Finalized)
     gc.collect()
@@ -333,9 +333,9 @@ def test_probe_instance_runs_no_code_and_keeps_its_class() -> None:
         def __init__(self) -> None:
             Counted.made += 1
 
-    instance = _layout.probe_instance(Counted)
+    instance = _layout._probe_instance(Counted)
     assert type(instance) is Counted and Counted.made == 0
-    assert _layout.swap_allowed(instance, upstream(Wrapper, Counted)) is cpython_accepts(
+    assert _layout._swap_allowed(instance, upstream(Wrapper, Counted)) is cpython_accepts(
         Counted, upstream(Wrapper, Counted))
     assert type(instance) is Counted
 

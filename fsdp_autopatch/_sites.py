@@ -1,0 +1,124 @@
+"""Where torch swaps a module's class for a wrapper class: the one table of sites.
+
+Every torch call that wraps a module in place does it the same way::
+
+    new_cls = type(f"{prefix}{cls.__name__}", (Wrapper, cls), {"__deepcopy__": deepcopy})
+    module.__class__ = new_cls
+
+from a module-level function (the *builder*) that calls ``type`` by its global name. The patch
+replaces that one global of the builder's module (``_patch``), so nothing of torch's public
+functions, and none of torch's class caches, is touched. Each ``Site`` names the public function
+users call (``entry``), where the wrapper class and the deep-copy stub live, and the builder.
+Which torch releases have which site, with the evidence, is in ``_matrix``; how the patch checks a
+site (by bytecode, at run time and in ``doctor`` alike) is ``shape_problem`` below.
+
+The start-up module imports this one for the names it watches, so it imports nothing at all.
+"""
+
+
+class Site:
+    """One way a torch release builds wrapper classes for one public function."""
+
+    __slots__ = ("api", "builder", "builder_module", "cache", "deepcopy", "entry", "module", "prefix",
+                 "wrappers")
+
+    def __init__(self, api: str, module: str, entry: str, wrappers: "tuple[str, ...]", prefix: str,
+                 deepcopy: str, cache: "str | None" = None, builder: "tuple[str, str] | None" = None) -> None:
+        self.api = api  # what users call it: one of APIS
+        self.module = module  # the module of the entry function, the wrapper and the deep-copy stub
+        self.entry = entry  # the public function whose call wraps a module
+        self.wrappers = wrappers  # the wrapper class's global name in ``module``: the first one present
+        self.prefix = prefix
+        self.deepcopy = deepcopy
+        # torch's cls -> wrapper-class cache in ``module``, if this release keeps one: the patch only
+        # drops from it the classes torch cached before the patch and CPython refuses.
+        self.cache = cache
+        # The function that calls ``type``, if not ``entry`` itself (a shared helper torch calls).
+        self.builder_module, self.builder = builder or (module, entry)
+
+    @property
+    def name(self) -> str:
+        """How the status, the log and doctor name the site: the function users call."""
+        return f"{self.module}.{self.entry}"
+
+    def __repr__(self) -> str:
+        return f"<site {self.name} (type called in {self.builder_module}.{self.builder})>"
+
+
+FULLY_SHARD = "FSDP2 fully_shard"
+FSDP2_REPLICATE = "FSDP2 replicate"
+DDP_REPLICATE = "composable DDP replicate"
+APIS = (FULLY_SHARD, FSDP2_REPLICATE, DDP_REPLICATE)
+
+_FULLY_SHARD_2_6 = "torch.distributed.fsdp._fully_shard._fully_shard"
+_FULLY_SHARD_2_4 = "torch.distributed._composable.fsdp.fully_shard"
+_REPLICATE_WITH_FSDP = "torch.distributed._composable.replicate_with_fsdp"
+DDP_MODULE = "torch.distributed._composable.replicate"
+# torch 2.11+ build both FSDP2 wrappers in one shared helper.
+_APPLY_TO_MODULE = ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module")
+
+# Per API, newest first; the first one whose names and bytecode the loaded torch has is used
+# (later releases keep re-exporting shims at the older paths).
+SITES = (
+    Site(FULLY_SHARD, _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP", "_unimplemented_deepcopy",
+         "cls_to_fsdp_cls", _APPLY_TO_MODULE),
+    Site(FULLY_SHARD, _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP", "_unimplemented_deepcopy",
+         "cls_to_fsdp_cls"),
+    Site(FULLY_SHARD, _FULLY_SHARD_2_4, "fully_shard", ("FSDPModule",), "FSDP", "unimplemented_deepcopy",
+         "cls_to_fsdp_cls"),
+    # Depending on the release (see _matrix), FSDP2's replicate() wraps modules in
+    # ReplicateModule(FSDPModule) or in FSDPModule itself, built in the shared helper or inline in
+    # replicate_impl.
+    Site(FSDP2_REPLICATE, _REPLICATE_WITH_FSDP, "replicate", ("ReplicateModule", "FSDPModule"), "Replicate",
+         "_unimplemented_deepcopy", "cls_to_replicate_cls", _APPLY_TO_MODULE),
+    Site(FSDP2_REPLICATE, _REPLICATE_WITH_FSDP, "replicate", ("ReplicateModule", "FSDPModule"), "Replicate",
+         "_unimplemented_deepcopy", "cls_to_replicate_cls", (_REPLICATE_WITH_FSDP, "replicate_impl")),
+    # Composable DDP builds a new DDP<Name> on every call: no cache.
+    Site(DDP_REPLICATE, DDP_MODULE, "replicate", ("DDP",), "DDP",
+         "unimplemented_deepcopy"),
+)
+
+# The packages whose import makes FSDP2's fully_shard available. torch.distributed.fsdp exports it
+# from 2.6 on; in 2.4 and 2.5 it is only in the composable package, and torch.distributed.fsdp is FSDP1.
+FSDP2_PACKAGES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
+COMPOSABLE_FSDP = FSDP2_PACKAGES[1]
+TRANSFORMERS = "transformers"
+
+# What the start-up watcher and the hooks wait for: the patch can only matter once one of these is
+# imported (torch alone never needs it). Importing FSDP2 imports composable DDP too.
+TORCH_MODULES = tuple(dict.fromkeys((*FSDP2_PACKAGES, *(site.module for site in SITES))))
+
+
+def shape_problem(site: Site, has: "object", code_of: "object") -> "str | None":
+    """What the loaded (or compiled) torch lacks for ``site``, in a few words; None when it has it.
+
+    ``has(module, name)``: does the module bind ``name`` at its top level; ``code_of(module,
+    name)``: the code objects of the functions named so. One implementation for the patch (live
+    modules) and for doctor (torch's source compiled, not imported): the builder must load the
+    global ``type`` by name, and an entry that is not its own builder must load the builder so.
+    """
+    module = site.module
+    wrapper = next((name for name in site.wrappers if has(module, name)), None)  # type: ignore[operator]
+    if wrapper is None:
+        return f"no {' or '.join(site.wrappers)} class"
+    for name in (site.deepcopy, site.entry):
+        if not has(module, name):  # type: ignore[operator]
+            return f"no {name}"
+    if (site.builder_module, site.builder) != (module, site.entry):
+        if not any(loads_global(code, site.builder) for code in code_of(module, site.entry)):  # type: ignore[operator]
+            return f"{site.entry} does not call {site.builder}"
+    if not any(loads_global(code, "type") for code in code_of(site.builder_module, site.builder)):  # type: ignore[operator]
+        return f"{site.builder} does not call the global type"
+    return None
+
+
+def loads_global(code: "object", name: str) -> bool:
+    """Does ``code`` (or a function or class nested in it) load the global ``name``, so that
+    rebinding the module's global reaches it?"""
+    import dis
+
+    for instruction in dis.get_instructions(code):  # type: ignore[arg-type]
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and instruction.argval == name:
+            return True
+    return any(loads_global(const, name) for const in getattr(code, "co_consts", ())
+               if hasattr(const, "co_code"))
