@@ -19,15 +19,24 @@ import _thread
 import os
 import sys
 
-# The torch modules whose import arms the hooks: the one table of sites, which imports nothing.
-from fsdp_autopatch._sites import TORCH_MODULES, TRANSFORMERS
-
 MODE_VARIABLE = "FSDP_AUTOPATCH"
 # The values start-up must tell apart without importing _config, which takes them from here.
 # fsdp_autopatch.pth spells OFF_VALUES out again, so that a disabled interpreter imports nothing of
 # ours; tests/test_startup.py keeps the two in step.
 OFF_VALUES = ("0", "off", "false", "no", "disable")
 FORCE_VALUES = ("force",)
+
+# The torch modules whose import arms the hooks: the packages that export FSDP2's fully_shard, and
+# the modules of the sites in _sites (the one table of where torch builds wrapper classes, which
+# names them from here), so that start-up imports nothing more of ours. torch alone arms nothing.
+FSDP2_PACKAGES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
+FULLY_SHARD_MODULES = ("torch.distributed.fsdp._fully_shard._fully_shard",
+                       "torch.distributed._composable.fsdp.fully_shard")
+REPLICATE_WITH_FSDP_MODULE = "torch.distributed._composable.replicate_with_fsdp"
+DDP_MODULE = "torch.distributed._composable.replicate"
+TORCH_MODULES = (*FSDP2_PACKAGES, *FULLY_SHARD_MODULES, REPLICATE_WITH_FSDP_MODULE, DDP_MODULE)
+# Only its version decides, in auto mode; its model imports load torch.distributed.fsdp anyway.
+TRANSFORMERS = "transformers"
 
 # Set by arm(); read by status().
 armed = False

@@ -39,7 +39,8 @@ def status() -> Status:
     if mode.name == _config.OFF:
         reason = f"disabled by {_config.MODE_VARIABLE}={mode.raw}"
     elif fsdp_autopatch.armed:
-        reason = "armed: waiting for the first import of FSDP2 (torch.distributed.fsdp) or transformers"
+        reason = ("armed: waiting for the first import of FSDP2 (torch.distributed.fsdp), composable DDP "
+                  f"({fsdp_autopatch.DDP_MODULE}) or transformers")
     else:
         reason = ("not armed: fsdp_autopatch.pth did not run in this interpreter (python -S, "
                   "PYTHONPATH or --target install?); call fsdp_autopatch.apply()")

@@ -351,10 +351,16 @@ def _read_api(api: str, torch_version: str, top: Path, search: Optional[Sequence
         details = missing.setdefault(shown, [])
         if problem not in details:
             details.append(problem)
-    if not missing:
+    # fully_shard's layout is what the hooks, the status and the docs call "FSDP2 layout".
+    what = "FSDP2" if api == _sites.FULLY_SHARD else api
+    unknown = (f"torch {torch_version}'s {what} layout is unknown to "
+               f"fsdp-autopatch {fsdp_autopatch.__version__}")
+    if not missing and api != _sites.FULLY_SHARD:  # FSDP2's replicate came in 2.9
         return LayoutAnswer(api, None, f"torch {torch_version} has no {api}")
-    unknown = (f"torch {torch_version}'s {api} layout is unknown to fsdp-autopatch "
-               f"{fsdp_autopatch.__version__}")
+    if not missing:  # every torch with FSDP2 has fully_shard somewhere
+        modules = ", ".join(dict.fromkeys(site.module for site in _sites.SITES if site.api == api))
+        return LayoutAnswer(api, False, f"{unknown}: none of the modules where it looks for the class "
+                                        f"construction is in torch's files ({modules}); {PROOF}")
     found = "; ".join(f"{shown}: {', and '.join(details)}" for shown, details in missing.items())
     return LayoutAnswer(api, False, f"{unknown}: {found}; {PROOF}")
 

@@ -171,11 +171,20 @@ def try_install(just_ran: Optional[object] = None) -> None:
         loaded = {api: construction for api, construction in found.items() if construction is not None}
         if _decision is None:
             if not loaded:
-                unknown = _unknown_layout(just_ran)
-                _status.reason = unknown or _waiting_reason(mode)
-                if unknown is not None and _sites.FULLY_SHARD not in _settled:
+                missing = _fully_shard_missing(just_ran)
+                if missing is None:
+                    _status.reason = _waiting_reason(mode)
+                    return
+                (_status.torch, _), (_status.reason, unknown) = _version_of("torch"), missing
+                if not unknown:  # a torch without FSDP2: nothing to patch, now or later
+                    _decision = _matrix.Decision(False, _status.reason, False, _matrix.MATRIX)
+                    _status.in_matrix, _status.decided_by = False, _matrix.MATRIX
+                    logger.info("%s", _status.reason)
+                elif _sites.FULLY_SHARD not in _settled:
                     _settled.add(_sites.FULLY_SHARD)
-                    logger.warning("%s", unknown)
+                    logger.warning("%s", _status.reason)
+                if TRANSFORMERS in sys.modules:
+                    _status.transformers = _version_of(TRANSFORMERS)[0]
                 return
             if mode != _config.FORCE and TRANSFORMERS not in sys.modules:
                 # Only its version is needed, and that is set first thing in its __init__.
@@ -205,12 +214,12 @@ def try_install(just_ran: Optional[object] = None) -> None:
             else:
                 _site_failed(api, f"the fix failed its self-check: {problem}; upgrade fsdp-autopatch, "
                                   "or report it")
-        unknown = _unknown_layout(just_ran)
-        if unknown is not None and unknown not in _status.reason:
-            _status.reason += f"; {unknown}"
+        missing = _fully_shard_missing(just_ran)
+        if missing is not None and missing[1] and missing[0] not in _status.reason:
+            _status.reason += f"; {missing[0]}"
             if _sites.FULLY_SHARD not in _settled:
                 _settled.add(_sites.FULLY_SHARD)
-                logger.warning("%s", unknown)
+                logger.warning("%s", missing[0])
 
 
 def _site_failed(api: str, problem: str) -> None:
@@ -222,25 +231,30 @@ def _site_failed(api: str, problem: str) -> None:
     logger.warning("%s", message)
 
 
-def _unknown_layout(just_ran: Optional[object]) -> Optional[str]:
-    """What to say when an FSDP2 package that exports fully_shard finished importing, and none
-    of the sites this package knows for it is there (torch moved it); None otherwise, torch 2.4
-    and 2.5's FSDP1-only ``torch.distributed.fsdp`` included."""
+def _fully_shard_missing(just_ran: Optional[object]) -> Optional[tuple[str, bool]]:
+    """What to say when an FSDP2 package finished importing and none of the sites this package
+    knows for fully_shard is there, and whether it is an unknown layout (worth a warning) rather
+    than a torch without FSDP2; None where there is nothing to say yet (no FSDP2 package, a
+    fully_shard site, or torch 2.4/2.5's FSDP1-only torch.distributed.fsdp)."""
     packages = [_patch.loaded(name, just_ran) for name in _sites.FSDP2_PACKAGES]
-    if not any(callable(getattr(package, "fully_shard", None)) for package in packages):
+    if all(package is None for package in packages) or _patch.resolve_api(_sites.FULLY_SHARD, just_ran):
         return None
-    if _patch.resolve_api(_sites.FULLY_SHARD, just_ran) is not None:
-        return None
-    import fsdp_autopatch
-
     torch_version = _version_of("torch")[0]
-    torch = f"torch {torch_version}" if torch_version else "this torch"
     row = _torch_row(torch_version)
     if row is not None and not row.affected:
-        return None
+        return f"torch {torch_version} has no FSDP2 ({row.evidence}): nothing to patch", False
+    try:
+        older = torch_version is not None and _matrix.release(torch_version) < _matrix.FSDP2_IN_FSDP_PACKAGE
+    except ValueError:
+        older = False
+    if older and packages[1] is None:
+        return None  # FSDP1 so far: this torch's FSDP2 is imported from the composable package
+    import fsdp_autopatch
+
+    torch = f"torch {torch_version}" if torch_version else "this torch"
     return (f"{torch}'s FSDP2 layout is unknown to fsdp-autopatch {fsdp_autopatch.__version__} (none of "
             "the class-construction sites it patches is there): fully_shard runs unpatched; "
-            f"upgrade fsdp-autopatch, or set {_config.MODE_VARIABLE}=0 if you do not need it")
+            f"upgrade fsdp-autopatch, or set {_config.MODE_VARIABLE}=0 if you do not need it"), True
 
 
 def _torch_row(torch_version: Optional[str]) -> Optional[_matrix.Row]:
@@ -284,8 +298,8 @@ def _waiting_reason(mode: str) -> str:
     missing = []
     if not any(_patch.resolve_api(api) for api in _sites.APIS):
         fsdp1_only = _patch.loaded(_sites.FSDP2_PACKAGES[0]) is not None  # torch 2.4/2.5
-        fsdp2 = _sites.COMPOSABLE_FSDP if fsdp1_only else _sites.FSDP2_PACKAGES[0]
-        missing.append(f"FSDP2 ({fsdp2})")
+        fsdp2 = _sites.FSDP2_PACKAGES[1 if fsdp1_only else 0]
+        missing.append(f"FSDP2 ({fsdp2}) or composable DDP ({_sites.DDP_MODULE})")
     if mode != _config.FORCE and TRANSFORMERS not in sys.modules:
         missing.append(TRANSFORMERS)
     if not missing:  # all there: the hooks are about to decide

@@ -80,7 +80,7 @@ TORCH_ROWS = (
 )
 
 # torch.distributed.fsdp exports FSDP2's fully_shard from 2.6 on (2.6.0 - 2.15.0 read); 2.4 and
-# 2.5 have it only in torch.distributed._composable.fsdp (_sites.COMPOSABLE_FSDP), where the matrix
+# 2.5 have it only in torch.distributed._composable.fsdp (_sites.FSDP2_PACKAGES), where the matrix
 # runs on 2.4.1 and 2.5.1 import it, and their torch.distributed.fsdp is FSDP1.
 FSDP2_IN_FSDP_PACKAGE: Release = (2, 6)
 
@@ -115,14 +115,15 @@ class ClassSwap:
     """A place in torch that assigns an object's ``__class__``, left alone, and why."""
 
     file: str  # relative to the torch package
-    function: str  # the enclosing function's qualified name, "<module>" at the top level
+    function: str  # the enclosing function's qualified name, "<module>" at the top level, "*": any
     reason: str
 
 
-# Every __class__ assignment in torch 2.4.1 - 2.15.0's Python sources that is not one of
-# _sites.SITES' builders (a sweep of each release's wheel, reading every assignment to
-# ``X.__class__`` and every setattr of "__class__"); tests/test_sites.py reads the installed torch
-# and fails on one that is neither a site nor listed here.
+# Every __class__ assignment in the Python sources of torch 2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0,
+# 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0 that is not one of _sites.SITES'
+# builders (a sweep of each release's wheel, reading every assignment to ``X.__class__`` and every
+# setattr of "__class__"); tests/test_sites.py reads the installed torch and fails on one that is
+# neither a site nor listed here.
 OTHER_CLASS_SWAPS = (
     ClassSwap("nn/utils/parametrize.py", "_inject_new_class",
               "one base: Parametrized<Name>(cls,) keeps the original class's layout"),
@@ -139,6 +140,10 @@ OTHER_CLASS_SWAPS = (
     ClassSwap("utils/_config_module.py", "install_config_module", "a Python module object, not an nn.Module"),
     ClassSwap("utils/deterministic.py", "<module>", "a Python module object, not an nn.Module"),
     ClassSwap("distributed/_spmd/config.py", "<module>", "a Python module object, not an nn.Module (2.4)"),
+    ClassSwap("_vendor/quack/cache/__init__.py", "<module>",
+              "a Python module object, not an nn.Module (2.13, 2.14)"),
+    ClassSwap("_vendor/quack/pipeline.py", "*",
+              "the vendored CUTLASS pipelines (2.13+) swap between their own kernel classes"),
 )
 
 # CPython decides the swap itself (compatible_for_assignment in Objects/typeobject.c); torch

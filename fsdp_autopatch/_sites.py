@@ -12,8 +12,19 @@ users call (``entry``), where the wrapper class and the deep-copy stub live, and
 Which torch releases have which site, with the evidence, is in ``_matrix``; how the patch checks a
 site (by bytecode, at run time and in ``doctor`` alike) is ``shape_problem`` below.
 
-The start-up module imports this one for the names it watches, so it imports nothing at all.
+The module names come from the start-up module, which watches them (and must import nothing more).
 """
+
+from fsdp_autopatch import (
+    DDP_MODULE,
+    FSDP2_PACKAGES,
+    FULLY_SHARD_MODULES,
+    REPLICATE_WITH_FSDP_MODULE,
+    TORCH_MODULES,
+    TRANSFORMERS,
+)
+
+__all__ = ["APIS", "DDP_MODULE", "FSDP2_PACKAGES", "SITES", "TORCH_MODULES", "TRANSFORMERS", "Site"]
 
 
 class Site:
@@ -50,10 +61,7 @@ FSDP2_REPLICATE = "FSDP2 replicate"
 DDP_REPLICATE = "composable DDP replicate"
 APIS = (FULLY_SHARD, FSDP2_REPLICATE, DDP_REPLICATE)
 
-_FULLY_SHARD_2_6 = "torch.distributed.fsdp._fully_shard._fully_shard"
-_FULLY_SHARD_2_4 = "torch.distributed._composable.fsdp.fully_shard"
-_REPLICATE_WITH_FSDP = "torch.distributed._composable.replicate_with_fsdp"
-DDP_MODULE = "torch.distributed._composable.replicate"
+_FULLY_SHARD_2_6, _FULLY_SHARD_2_4 = FULLY_SHARD_MODULES
 # torch 2.11+ build both FSDP2 wrappers in one shared helper.
 _APPLY_TO_MODULE = ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module")
 
@@ -69,24 +77,14 @@ SITES = (
     # Depending on the release (see _matrix), FSDP2's replicate() wraps modules in
     # ReplicateModule(FSDPModule) or in FSDPModule itself, built in the shared helper or inline in
     # replicate_impl.
-    Site(FSDP2_REPLICATE, _REPLICATE_WITH_FSDP, "replicate", ("ReplicateModule", "FSDPModule"), "Replicate",
-         "_unimplemented_deepcopy", "cls_to_replicate_cls", _APPLY_TO_MODULE),
-    Site(FSDP2_REPLICATE, _REPLICATE_WITH_FSDP, "replicate", ("ReplicateModule", "FSDPModule"), "Replicate",
-         "_unimplemented_deepcopy", "cls_to_replicate_cls", (_REPLICATE_WITH_FSDP, "replicate_impl")),
+    Site(FSDP2_REPLICATE, REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
+         "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls", _APPLY_TO_MODULE),
+    Site(FSDP2_REPLICATE, REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
+         "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls",
+         (REPLICATE_WITH_FSDP_MODULE, "replicate_impl")),
     # Composable DDP builds a new DDP<Name> on every call: no cache.
-    Site(DDP_REPLICATE, DDP_MODULE, "replicate", ("DDP",), "DDP",
-         "unimplemented_deepcopy"),
+    Site(DDP_REPLICATE, DDP_MODULE, "replicate", ("DDP",), "DDP", "unimplemented_deepcopy"),
 )
-
-# The packages whose import makes FSDP2's fully_shard available. torch.distributed.fsdp exports it
-# from 2.6 on; in 2.4 and 2.5 it is only in the composable package, and torch.distributed.fsdp is FSDP1.
-FSDP2_PACKAGES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
-COMPOSABLE_FSDP = FSDP2_PACKAGES[1]
-TRANSFORMERS = "transformers"
-
-# What the start-up watcher and the hooks wait for: the patch can only matter once one of these is
-# imported (torch alone never needs it). Importing FSDP2 imports composable DDP too.
-TORCH_MODULES = tuple(dict.fromkeys((*FSDP2_PACKAGES, *(site.module for site in SITES))))
 
 
 def shape_problem(site: Site, has: "object", code_of: "object") -> "str | None":

@@ -22,6 +22,7 @@ from typing import Any, Optional
 import pytest
 from harness import make_venv, scrubbed_environment
 
+from fsdp_autopatch import TORCH_MODULES
 from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines
 
 __all__ = [
@@ -194,10 +195,9 @@ def write_module(where: Path, dotted: str, source: str) -> None:
 
 def fake_torch(where: Path) -> None:
     """Just enough of a torch package for the start-up watcher: torch, the modules a process
-    may import without FSDP2, and the FSDP2 modules (empty: nothing to patch in them)."""
+    may import without FSDP2, and the modules it watches (empty: nothing to patch in them)."""
     write_module(where, "torch", '__version__ = "2.13.0"\n')
-    for name in ("torch.nn", "torch.distributed", "torch.distributed.fsdp",
-                 "torch.distributed._composable.fsdp", "torch.distributed._composable.replicate_with_fsdp"):
+    for name in ("torch.nn", "torch.distributed", *TORCH_MODULES):
         write_module(where, name, "")
 
 

@@ -14,6 +14,10 @@ from typing import Any, Optional
 import pytest
 from conftest import Throwaway, fake_torch, fake_transformers, json_lines, make_throwaway, write_module
 
+from fsdp_autopatch import DDP_MODULE
+
+DDP = f"composable DDP ({DDP_MODULE})"
+
 STATUS = "import json, fsdp_autopatch; print(json.dumps(fsdp_autopatch.status().to_dict()))"
 
 
@@ -37,13 +41,13 @@ def torch_version(env: Throwaway, version: str) -> None:
 
 
 @pytest.mark.parametrize(("imports", "mode", "reason"), [
-    ("import transformers", None, "waiting for FSDP2 (torch.distributed.fsdp) to be imported"),
+    ("import transformers", None, f"waiting for FSDP2 (torch.distributed.fsdp) or {DDP} to be imported"),
     ("import torch", None,
-     "armed: waiting for the first import of FSDP2 (torch.distributed.fsdp) or transformers"),
+     f"armed: waiting for the first import of FSDP2 (torch.distributed.fsdp), {DDP} or transformers"),
     ("import torch; import fsdp_autopatch; fsdp_autopatch.apply()", None,
-     "waiting for FSDP2 (torch.distributed.fsdp) and transformers to be imported"),
+     f"waiting for FSDP2 (torch.distributed.fsdp) or {DDP} and transformers to be imported"),
     ("import torch; import fsdp_autopatch; fsdp_autopatch.apply()", "force",
-     "waiting for FSDP2 (torch.distributed.fsdp) to be imported"),
+     f"waiting for FSDP2 (torch.distributed.fsdp) or {DDP} to be imported"),
 ])
 def test_waiting_names_only_what_is_not_imported(
     env: Throwaway, imports: str, mode: Optional[str], reason: str
@@ -75,7 +79,8 @@ def test_fsdp1_of_torch_2_5_waits_for_its_fsdp2_package(env: Throwaway) -> None:
     torch.distributed.fsdp is FSDP1, which has no layout bug to fix."""
     torch_version(env, "2.5.1")
     status = status_after(env, "import torch.distributed.fsdp, transformers")
-    assert status["reason"] == "waiting for FSDP2 (torch.distributed._composable.fsdp) to be imported"
+    expected = f"waiting for FSDP2 (torch.distributed._composable.fsdp) or {DDP} to be imported"
+    assert status["reason"] == expected
 
 
 def test_torch_without_fsdp2_is_decided(env: Throwaway) -> None:

@@ -464,19 +464,21 @@ def test_a_model_that_shards_but_cannot_train_fails_unless_the_causal_lm_cannot_
     # torch 2.4's FSDP2 cannot train on a CPU at all: sharding is all there is to prove.
     code, verdict, warning = verdict_for(dict(untrained, model="token-classification"),
                                          dict(untrained, model="causal-lm"), torch="2.4.1")
-    assert code == 0 and "none could train in this torch (RuntimeError: no CUDA GPUs)" in verdict
+    assert code == 0 and "FSDP2 cannot train in this torch (RuntimeError: no CUDA GPUs)" in verdict
     assert warning is None
     # torch's own class trains, the patched one does not: that is the patch's fault.
     code, verdict, _ = verdict_for(dict(untrained, model="token-classification"),
                                    dict(losses(0.0, 0.0), model="causal-lm"))
-    assert code == 1 and verdict.startswith("FAIL: 1 of 2 models cannot be used with FSDP2 (RuntimeError")
+    assert code == 1 and verdict.startswith(
+        "FAIL: 1 of 2 runs cannot be used with FSDP2 or DDP (token-classification: RuntimeError")
 
 
 def test_losses_that_differ_for_the_causal_lm_too_are_torchs_and_only_warned_about() -> None:
     # torch 2.8.0 on 2 gloo ranks: the first loss matches, the update does not, for every model.
     code, verdict, warning = verdict_for(dict(losses(0.0, 0.00082), model="token-classification"),
                                          dict(losses(0.0, 0.0027), model="causal-lm"))
-    assert code == 0 and verdict.startswith("OK: 2 of 2 models sharded with FSDP2 and trained"), verdict
+    assert code == 0 and verdict.startswith(
+        "OK: 2 of 2 runs wrapped (FSDP2 fully_shard, composable DDP replicate) and trained"), verdict
     assert warning is not None and "\n" not in warning
     assert warning.startswith("warning: torch 2.8.0's FSDP2 on 2 gloo CPU ranks trains differently") \
         and "does not decide the exit code" in warning
@@ -493,9 +495,12 @@ def test_losses_that_differ_for_the_causal_lm_too_are_torchs_and_only_warned_abo
 def test_verify_always_runs_the_causal_lm_as_the_control() -> None:
     from fsdp_autopatch._verify_command import models_to_run
 
-    assert models_to_run(["token-classification"]) == ["token-classification", "causal-lm"]
-    assert models_to_run(["causal-lm", "question-answering"]) == ["causal-lm", "question-answering"]
-    assert models_to_run(None) == [*HEADS, "causal-lm"]
+    # Each model with fully_shard, then each with composable DDP, graded against its own control.
+    assert models_to_run(["token-classification"]) == [
+        "token-classification", "causal-lm", "token-classification (DDP)", "causal-lm (DDP)"]
+    assert models_to_run(["causal-lm", "question-answering"]) == [
+        "causal-lm", "question-answering", "causal-lm (DDP)", "question-answering (DDP)"]
+    assert models_to_run(None) == [*HEADS, "causal-lm", *(f"{kind} (DDP)" for kind in (*HEADS, "causal-lm"))]
 
 
 def test_console_writes_to_the_streams_of_the_moment(monkeypatch: pytest.MonkeyPatch) -> None:

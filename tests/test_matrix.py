@@ -95,11 +95,9 @@ def test_every_fsdp2_torch_in_the_rows_is_affected() -> None:
     assert not any(row.affected for row in _matrix.TORCH_ROWS if row not in fsdp2)
 
 
-def test_replicate_range_lies_inside_the_affected_torch_rows() -> None:
-    row = _matrix.REPLICATE_ROW
-    assert row.end is not None
-    assert _matrix.replicate_patched(text(row.first))
-    assert not _matrix.replicate_patched(text(row.end))
+@pytest.mark.parametrize("row", [_matrix.REPLICATE_ROW, _matrix.DDP_ROW], ids=["FSDP2", "DDP"])
+def test_replicate_ranges_lie_inside_the_affected_torch_rows(row: _matrix.Row) -> None:
+    assert row.end is not None and row.affected
     for version in (text(row.first), before(row.end)):
         torch_row = _matrix.row_for(_matrix.TORCH_ROWS, version)
         assert torch_row is not None and torch_row.affected
@@ -145,7 +143,7 @@ def test_python_that_accepts_the_swap_stands_aside() -> None:
     python = text(FIXED_PYTHON.first) + ".2"
     probed = decide(probe=False, python=python)
     assert not probed.apply and probed.decided_by == _matrix.PROBE and probed.in_matrix is False
-    assert probed.reason == (f"CPython {python} accepts torch {TORCH}'s FSDP classes for ABC modules "
+    assert probed.reason == (f"CPython {python} accepts torch {TORCH}'s wrapper classes for ABC modules "
                              "(probed): nothing to patch")
     by_rows = decide(python=python)
     assert not by_rows.apply and by_rows.decided_by == _matrix.MATRIX and by_rows.in_matrix is False
@@ -222,5 +220,8 @@ def test_rendered_table_has_every_row() -> None:
     for rows in ALL_ROWS.values():
         for row in rows:
             assert f"| {row.versions} | {row.fact} |" in table
-    assert f"| {_matrix.REPLICATE_ROW.versions} | {_matrix.REPLICATE_ROW.fact} |" in table
+    for row in (_matrix.REPLICATE_ROW, _matrix.DDP_ROW):
+        assert f"| {row.versions} | {row.fact} |" in table
+    for swap in _matrix.OTHER_CLASS_SWAPS:
+        assert f"| `{swap.file}` | `{swap.function}` | {swap.reason} |" in table
     assert f"≥ {text(_matrix.first_release_after(_matrix.TORCH_ROWS))}" in table

@@ -1,12 +1,19 @@
 """The parts of ``_patch`` that need no torch: the list of classes the status shows, and the
-bytecode reading behind the self-check. The sites themselves are exercised on real torch in
-test_fully_shard.py, test_hooks.py and test_replicate.py."""
+stand-in for ``type`` that the patch puts in a torch module, driven here by a stand-in wrapper.
+The sites themselves are exercised on real torch in test_fully_shard.py, test_hooks.py and
+test_replicate.py."""
 
 from __future__ import annotations
 
+import abc
+import sys
 import threading
+import types
+from typing import Any
 
-from fsdp_autopatch import _patch
+import pytest
+
+from fsdp_autopatch import _layout, _patch, _sites
 
 
 def record(index: int) -> _patch.ClassRecord:
@@ -31,23 +38,73 @@ def test_class_records_keep_the_first_ones_and_count_all_from_many_threads() -> 
     assert seen == 800 and len(kept) == 10 and len(set(kept)) == 10
 
 
-CACHE: dict[type, type] = {}
+class Wrapper:
+    """Stands in for FSDPModule: a plain class that adds ``__dict__`` on top of ``object``."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        original = cls.__mro__[2]
+        return original.__new__(original)
 
 
-def reads_the_cache(cls: type) -> object:
-    return CACHE.get(cls)
+class Plain:
+    pass
 
 
-def reads_another(cls: type) -> object:
-    return {}.get(cls)
+class Head(abc.ABC, Plain):  # the layout of transformers 4.54 - 4.55.2's heads
+    pass
 
 
-def shadows_it(CACHE: dict[type, type], cls: type) -> object:
-    return CACHE.get(cls)
+def deepcopy(*args: Any) -> None:
+    raise AssertionError("not deep-copied in these tests")
 
 
-def test_reads_global_finds_loads_of_the_global_only() -> None:
-    assert _patch.reads_global(reads_the_cache, "CACHE")
-    assert not _patch.reads_global(reads_another, "CACHE")
-    assert not _patch.reads_global(shadows_it, "CACHE")  # a parameter of that name is no global
-    assert not _patch.reads_global(len, "CACHE")  # no bytecode to read
+@pytest.fixture
+def stand_in() -> Any:
+    """A stand-in for ``type`` in a throwaway module, serving ``Wrapper`` as a site would."""
+    module = types.ModuleType("torch_stand_in")
+    sys.modules[module.__name__] = module
+    site = _sites.Site("stand-in API", module.__name__, "wrap", ("Wrapper",), "W", "deepcopy")
+    construction = _patch.Construction(site, Wrapper, deepcopy, module, None)
+    _patch.install(construction)
+    yield module.type
+    _patch.uninstall(construction)
+    assert "type" not in module.__dict__, "uninstalling leaves the module with the builtin type"
+    del sys.modules[module.__name__]
+
+
+def test_the_stand_in_is_the_builtin_for_every_other_call(stand_in: Any) -> None:
+    assert stand_in(3) is int and stand_in("x") is str
+    made = stand_in("Other", (Plain,), {"x": 1})
+    assert isinstance(made, type) and made.__bases__ == (Plain,) and made.__module__ == "torch_stand_in"
+    # A call of the site's shape whose name is not the prefix's is not the site's either.
+    assert stand_in("Other", (Wrapper, Head), {}).__name__ == "Other"
+
+
+def test_the_stand_in_answers_isinstance_issubclass_and_attributes_as_type(stand_in: Any) -> None:
+    assert isinstance(Plain, stand_in) and not isinstance(Plain(), stand_in)
+    assert issubclass(abc.ABCMeta, stand_in) and not issubclass(int, stand_in)
+    assert stand_in.__name__ == "type" and stand_in.mro(int) == [int, object]
+    assert stand_in.__wrapped__ is type
+
+
+def test_plain_classes_get_torchs_class_built_per_call_as_torch_builds_it(stand_in: Any) -> None:
+    first = stand_in("WPlain", (Wrapper, Plain), {"__deepcopy__": deepcopy})
+    second = stand_in("WPlain", (Wrapper, Plain), {"__deepcopy__": deepcopy})
+    assert first is not second, "one new class per call, as the builtin type makes"
+    for built in (first, second):
+        assert built.__bases__ == (Wrapper, Plain) and built.__module__ == "torch_stand_in"
+
+
+def test_an_abc_class_gets_one_compatible_class_that_cpython_accepts(stand_in: Any) -> None:
+    upstream = type("WHead", (Wrapper, Head), {})
+    instance = object.__new__(Head)
+    with pytest.raises(TypeError, match="object layout differs"):
+        instance.__class__ = upstream  # the bug, without the stand-in
+    built = stand_in("WHead", (Wrapper, Head), {"__deepcopy__": deepcopy})
+    assert stand_in("WHead", (Wrapper, Head), {"__deepcopy__": deepcopy}) is built
+    instance.__class__ = built
+    assert isinstance(instance, Wrapper) and isinstance(instance, Head) and built.__mro__[2] is Head
+    # ABCMeta's own __new__ calls type's, so both classes are named after its module, as torch's are.
+    assert built.__name__ == "WHead" and built.__module__ == upstream.__module__
+    (kept,) = [r for r in _patch.classes.snapshot()[0] if r.name == Head.__qualname__]
+    assert (kept.outcome, kept.parent, kept.site) == (_layout.COMPATIBLE, "abc.ABC", "torch_stand_in.wrap")

@@ -120,12 +120,12 @@ def test_installed_files_match_the_checkout(installed: Path) -> None:
         assert (installed / name).read_text() == (ROOT / name).read_text()
 
 
-def test_watched_modules_are_the_ones_the_hooks_wait_for() -> None:
-    """The start-up module names the FSDP2 modules itself, to import nothing at start-up."""
-    from fsdp_autopatch import _hooks, _patch
+def test_watched_modules_are_the_sites_modules() -> None:
+    """The start-up module names the torch modules itself, to import nothing at start-up; the
+    table of sites takes them from there, and every one of them is a site's or an FSDP2 package."""
+    from fsdp_autopatch import _sites
 
-    assert set(fsdp_autopatch.FSDP2_MODULES) == {*_hooks.FSDP_MODULES, _patch.REPLICATE_MODULE}
-    assert fsdp_autopatch.TRANSFORMERS == _hooks.TRANSFORMERS
+    assert set(fsdp_autopatch.TORCH_MODULES) == {*_sites.FSDP2_PACKAGES, *(s.module for s in _sites.SITES)}
 
 
 # --- what a plain interpreter pays -------------------------------------------------------------
@@ -201,15 +201,15 @@ NOT_ARMING = ["torch", "torch.nn", "torch.distributed", "torch, torch.nn, torch.
 
 
 @pytest.mark.parametrize("mode", ["auto", "force"])
-@pytest.mark.parametrize("imports", [*NOT_ARMING, *fsdp_autopatch.FSDP2_MODULES, "transformers"])
+@pytest.mark.parametrize("imports", [*NOT_ARMING, *fsdp_autopatch.TORCH_MODULES, "transformers"])
 def test_only_fsdp2_or_transformers_arms(tmp_path: Path, installed: Path, imports: str, mode: str) -> None:
-    """torch alone leaves the watcher waiting and loads nothing; an FSDP2 module arms; so does
-    transformers, in auto mode (force needs FSDP2 only)."""
+    """torch alone leaves the watcher waiting and loads nothing; an FSDP2 or composable DDP module
+    arms; so does transformers, in auto mode (force needs torch's module only)."""
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site)
     fake_transformers(env.site)
     state = state_of(env.run(after(imports), FSDP_AUTOPATCH=mode))
-    arms = imports in fsdp_autopatch.FSDP2_MODULES or (imports == "transformers" and mode == "auto")
+    arms = imports in fsdp_autopatch.TORCH_MODULES or (imports == "transformers" and mode == "auto")
     if arms:
         assert "wrapt" in state["ours"] and "fsdp_autopatch._hooks" in state["ours"], state
         assert state["watchers"] == [], state
