@@ -17,7 +17,7 @@ import sys
 from typing import IO, Any, Optional, Sequence
 
 import fsdp_autopatch
-from fsdp_autopatch import _doctor, _verify, _verify_command
+from fsdp_autopatch import _doctor, _matrix, _verify, _verify_command
 from fsdp_autopatch._console import (
     EXIT_CANNOT_TELL,
     EXIT_CLOSED_PIPE,
@@ -115,8 +115,9 @@ def add_quiet(parser: argparse.ArgumentParser, default: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=PROG,
-        description="Check that PyTorch FSDP2 fully_shard works on models with abc.ABC ahead of "
-                    "nn.Module (transformers 4.54.0-4.55.2 heads) in this Python environment.",
+        description="Check that PyTorch FSDP2 fully_shard, FSDP2 replicate and composable DDP "
+                    "replicate work on models with abc.ABC ahead of nn.Module (transformers "
+                    f"{_matrix.AFFECTED_TRANSFORMERS} heads) in this Python environment.",
         epilog=EXIT_CODES_HELP + f"\nin a Dockerfile:\n  RUN {INSTALL_COMMAND} && {PROG} verify\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -126,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     doctor = commands.add_parser(
-        "doctor", help="report versions, the switch, the matrix, torch's FSDP2 layout and the "
+        "doctor", help="report versions, the switch, the matrix, torch's class-construction sites and the "
                        "start-up files (fast: reads files, imports neither torch nor transformers)",
         description="Report whether this environment has the bug and whether the installed patch "
                     "is set up to fix it, from installed metadata, site configuration and torch's "
@@ -141,11 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(run=_doctor.run_doctor)
 
     verify = commands.add_parser(
-        "verify", help=f"shard and train tiny models with FSDP2 in child interpreters "
+        "verify", help=f"shard and train tiny models with FSDP2 and DDP in child interpreters "
                        f"({VERIFY_SECONDS})",
         description="Build tiny transformers models from configs (the three affected heads and a "
-                    "causal LM), fully_shard each layer and the root on a gloo CPU group, and "
-                    "train next to an unsharded copy, in ranks that torch's own launcher "
+                    "causal LM), fully_shard each layer and the root on a gloo CPU group (and, in "
+                    "a run of their own, replicate each with composable DDP), and train next to "
+                    "an unwrapped copy, in ranks that torch's own launcher "
                     "(python -m torch.distributed.run) starts with this Python, so that the "
                     "installed start-up file is what patches them. Each rank then reports the "
                     "classes the patch built, which verify prints per rank. It takes "

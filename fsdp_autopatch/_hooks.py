@@ -167,94 +167,110 @@ def try_install(just_ran: Optional[object] = None) -> None:
         if _status is None or _status.mode == _config.OFF or (_decision is not None and not _decision.apply):
             return
         mode = _status.mode
-        found = {api: _patch.resolve_api(api, just_ran) for api in _sites.APIS if api not in _settled}
-        loaded = {api: construction for api, construction in found.items() if construction is not None}
+        torch_version, torch_note = _version_of("torch") if "torch" in sys.modules else (None, "")
+        no_fsdp2 = _torch_without_fsdp2(torch_version, just_ran)
+        if _decision is None and no_fsdp2 is not None:  # nothing to patch, now or later
+            _decision = _matrix.Decision(False, no_fsdp2, False, _matrix.MATRIX)
+            _status.torch, _status.reason = torch_version, no_fsdp2
+            _status.in_matrix, _status.decided_by = False, _matrix.MATRIX
+            logger.info("%s", no_fsdp2)
+            return
+        for api, problem in _unknown_layouts(torch_version, just_ran).items():
+            _site_failed(api, problem)
+        loaded = {api: _patch.resolve_api(api, just_ran) for api in _sites.APIS if api not in _settled}
         if _decision is None:
-            if not loaded:
-                missing = _fully_shard_missing(just_ran)
-                if missing is None:
-                    _status.reason = _waiting_reason(mode)
-                    return
-                (_status.torch, _), (_status.reason, unknown) = _version_of("torch"), missing
-                if not unknown:  # a torch without FSDP2: nothing to patch, now or later
-                    _decision = _matrix.Decision(False, _status.reason, False, _matrix.MATRIX)
-                    _status.in_matrix, _status.decided_by = False, _matrix.MATRIX
-                    logger.info("%s", _status.reason)
-                elif _sites.FULLY_SHARD not in _settled:
-                    _settled.add(_sites.FULLY_SHARD)
-                    logger.warning("%s", _status.reason)
+            first = next((construction for construction in loaded.values() if construction), None)
+            if first is None or (mode != _config.FORCE and TRANSFORMERS not in sys.modules):
+                # Only transformers' version is needed, and that is set first thing in its __init__.
+                _status.torch = _status.torch or torch_version
                 if TRANSFORMERS in sys.modules:
                     _status.transformers = _version_of(TRANSFORMERS)[0]
+                _status.reason = _with_problems(_waiting_reason(mode))
                 return
-            if mode != _config.FORCE and TRANSFORMERS not in sys.modules:
-                # Only its version is needed, and that is set first thing in its __init__.
-                _status.reason = _waiting_reason(mode)
-                return
-            torch_version, torch_note = _version_of("torch")
             transformers_version, transformers_note = (
                 _version_of(TRANSFORMERS) if TRANSFORMERS in sys.modules else (None, ""))
             _status.torch, _status.transformers = torch_version, transformers_version
-            first = next(iter(loaded.values()))
             _decision = _matrix.decide(mode, torch_version, transformers_version,
                                        lambda: _patch.probe_layout_bug(first))
             _status.in_matrix, _status.decided_by = _decision.in_matrix, _decision.decided_by
-            _status.reason = "".join((torch_note, transformers_note, _decision.reason))
+            _status.reason = _with_problems("".join((torch_note, transformers_note, _decision.reason)))
             if not _decision.apply:
                 log = logger.warning if _decision.cannot_tell else logger.info
                 log("not patching%s: %s", _decided_by(_decision), _status.reason)
                 return
         for api, construction in loaded.items():
+            if construction is None:
+                continue
             _settled.add(api)
             problem = _patch.install_checked(construction)
             if problem is None:
                 _status.applied = True
                 _status.sites += (construction.site.name,)
-                logger.info("patched %s (%s) for ABC-based modules%s: %s", api, construction.site.name,
+                logger.info("patched %s for ABC-based modules at %s%s: %s", api, construction.site.name,
                             _decided_by(_decision), _status.reason)
             else:
-                _site_failed(api, f"the fix failed its self-check: {problem}; upgrade fsdp-autopatch, "
-                                  "or report it")
-        missing = _fully_shard_missing(just_ran)
-        if missing is not None and missing[1] and missing[0] not in _status.reason:
-            _status.reason += f"; {missing[0]}"
-            if _sites.FULLY_SHARD not in _settled:
-                _settled.add(_sites.FULLY_SHARD)
-                logger.warning("%s", missing[0])
+                _site_failed(api, f"{problem}; upgrade fsdp-autopatch, or report it")
+
+
+# What keeps each API unpatched (an unknown layout, a failed self-check), said once and kept at
+# the end of the status's reason.
+_problems: dict[str, str] = {}
 
 
 def _site_failed(api: str, problem: str) -> None:
     """Say once, in the status and the log, that ``api`` runs unpatched and why."""
     _settled.add(api)
     message = f"{api} runs unpatched: {problem}"
+    _problems[api] = message
     if _status is not None:
         _status.reason += f"; {message}"
     logger.warning("%s", message)
 
 
-def _fully_shard_missing(just_ran: Optional[object]) -> Optional[tuple[str, bool]]:
-    """What to say when an FSDP2 package finished importing and none of the sites this package
-    knows for fully_shard is there, and whether it is an unknown layout (worth a warning) rather
-    than a torch without FSDP2; None where there is nothing to say yet (no FSDP2 package, a
-    fully_shard site, or torch 2.4/2.5's FSDP1-only torch.distributed.fsdp)."""
-    packages = [_patch.loaded(name, just_ran) for name in _sites.FSDP2_PACKAGES]
-    if all(package is None for package in packages) or _patch.resolve_api(_sites.FULLY_SHARD, just_ran):
+def _with_problems(reason: str) -> str:
+    return "; ".join((reason, *_problems.values()))
+
+
+def _torch_without_fsdp2(torch_version: Optional[str], just_ran: Optional[object]) -> Optional[str]:
+    """What to say once an FSDP2 package is imported from a torch the rows show without FSDP2."""
+    if all(_patch.loaded(name, just_ran) is None for name in _sites.FSDP2_PACKAGES):
         return None
-    torch_version = _version_of("torch")[0]
     row = _torch_row(torch_version)
-    if row is not None and not row.affected:
-        return f"torch {torch_version} has no FSDP2 ({row.evidence}): nothing to patch", False
-    try:
-        older = torch_version is not None and _matrix.release(torch_version) < _matrix.FSDP2_IN_FSDP_PACKAGE
-    except ValueError:
-        older = False
-    if older and packages[1] is None:
-        return None  # FSDP1 so far: this torch's FSDP2 is imported from the composable package
+    if row is None or row.affected:
+        return None
+    return f"torch {torch_version} has no FSDP2 ({row.evidence}): nothing to patch"
+
+
+def _unknown_layouts(torch_version: Optional[str], just_ran: Optional[object]) -> dict[str, str]:
+    """For each API not settled yet whose torch module finished importing without any of the
+    sites this package knows for it (torch moved it), why it runs unpatched. fully_shard counts
+    as imported once an FSDP2 package that exports it is, except torch 2.4 and 2.5's
+    FSDP1-only torch.distributed.fsdp."""
     import fsdp_autopatch
 
-    torch = f"torch {torch_version}" if torch_version else "this torch"
-    return (f"{torch}'s FSDP2 layout is unknown to fsdp-autopatch {fsdp_autopatch.__version__} (none of "
-            "the class-construction sites it patches is there): fully_shard runs unpatched; "
-            f"upgrade fsdp-autopatch, or set {_config.MODE_VARIABLE}=0 if you do not need it"), True
+    unknown = {}
+    for api in _sites.APIS:
+        if api in _settled or _patch.resolve_api(api, just_ran) is not None:
+            continue
+        modules = {site.module for site in _sites.SITES if site.api == api}
+        if api == _sites.FULLY_SHARD:
+            packages = [_patch.loaded(name, just_ran) for name in _sites.FSDP2_PACKAGES]
+            try:
+                older = torch_version is not None and \
+                    _matrix.release(torch_version) < _matrix.FSDP2_IN_FSDP_PACKAGE
+            except ValueError:
+                older = False
+            imported = packages[1] is not None or (packages[0] is not None and not older)
+        else:
+            imported = any(_patch.loaded(module, just_ran) is not None for module in modules)
+        if imported:
+            torch = f"torch {torch_version}" if torch_version else "this torch"
+            what = "FSDP2" if api == _sites.FULLY_SHARD else api
+            unknown[api] = (f"{torch}'s {what} layout is unknown to fsdp-autopatch "
+                            f"{fsdp_autopatch.__version__} (none of the class-construction sites it "
+                            f"patches is there); upgrade fsdp-autopatch, or set {_config.MODE_VARIABLE}=0 "
+                            "if you do not need it")
+    return unknown
 
 
 def _torch_row(torch_version: Optional[str]) -> Optional[_matrix.Row]:

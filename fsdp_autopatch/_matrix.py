@@ -56,6 +56,9 @@ TRANSFORMERS_ROWS = (
         "4.55.3 and newer (4.56, 4.57, 5.x): those heads no longer inherit ABC",
         "≥ 4.55.3 (4.56, 4.57, 5.x)", "the heads no longer inherit `ABC`: not patched"),
 )
+# "4.54.0-4.55.2": the affected row's first and last release, for messages and help.
+_AFFECTED = next(row for row in TRANSFORMERS_ROWS if row.affected)
+AFFECTED_TRANSFORMERS = f"{'.'.join(map(str, _AFFECTED.first))}-{_AFFECTED.versions.split(', ')[-1]}"
 
 TORCH_ROWS = (
     Row("torch", (0,), (2, 4), False, "no FSDP2 fully_shard before 2.4", "< 2.4", "no FSDP2"),
@@ -269,7 +272,7 @@ def decide(
         return Decision(True, f"{_config.MODE_VARIABLE}=force: patching torch {torch_version} "
                               "whatever the matrix says; each class is still asked of CPython", None)
     if transformers_version is None:
-        return Decision(False, "transformers is not installed, and only its 4.54.0-4.55.2 "
+        return Decision(False, f"transformers is not installed, and only its {AFFECTED_TRANSFORMERS} "
                                f"heads need the patch (set {_config.MODE_VARIABLE}=force for "
                                "your own ABC modules)", None)
     transformers_row = row_for(TRANSFORMERS_ROWS, transformers_version)

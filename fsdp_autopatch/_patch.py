@@ -230,8 +230,10 @@ def resolve(site: Site, just_ran: Optional[object] = None) -> Optional[Construct
     if current is not builtins.type and not isinstance(current, TypeStandIn):
         return None  # the module binds a type of its own: not the builtin this package stands in for
     wrapper = next(getattr(module, name) for name in site.wrappers if hasattr(module, name))
+    # The helper as the entry calls it: its own module's binding, so that the self-check goes
+    # where fully_shard goes.
     helper = None if site.builder_module == site.module and site.builder == site.entry \
-        else getattr(builder_module, site.builder)
+        else getattr(module, site.builder)
     if not isinstance(wrapper, type):
         return None
     return Construction(site, wrapper, getattr(module, site.deepcopy), builder_module, helper)
@@ -280,10 +282,15 @@ def uninstall(construction: Construction) -> None:
 
 
 def install_checked(construction: Construction) -> Optional[str]:
-    """``install``, then ``check``: where the fix fails it, it is uninstalled and the one-line
-    problem returned; None where the fix stays."""
-    install(construction)
-    problem = check(construction)
+    """``install``, then ``check``: where either fails, the fix is uninstalled and the one-line
+    problem returned; None where the fix stays. Never raises."""
+    try:
+        install(construction)
+    except Exception as error:
+        problem: Optional[str] = f"installing it failed: {type(error).__name__}: {error}"
+    else:
+        problem = check(construction)
+        problem = problem and f"the fix failed its self-check: {problem}"
     if problem is not None:
         uninstall(construction)
     return problem

@@ -103,6 +103,9 @@ def shape_problem(site: Site, has: "object", code_of: "object") -> "str | None":
         if not has(module, name):  # type: ignore[operator]
             return f"no {name}"
     if (site.builder_module, site.builder) != (module, site.entry):
+        # The entry calls the helper by the name its own module binds (torch imports it by name).
+        if not has(module, site.builder):  # type: ignore[operator]
+            return f"no {site.builder}"
         if not any(loads_global(code, site.builder) for code in code_of(module, site.entry)):  # type: ignore[operator]
             return f"{site.entry} does not call {site.builder}"
     if not any(loads_global(code, "type") for code in code_of(site.builder_module, site.builder)):  # type: ignore[operator]

@@ -26,8 +26,8 @@ from typing import Any, Iterable, Mapping, Optional
 
 from fsdp_autopatch._sites import DDP_MODULE, FSDP2_PACKAGES
 
-# The three transformers heads that inherit abc.ABC in 4.54.0-4.55.2, and a causal LM of the same
-# family, which never needed the patch and must get torch's own class.
+# The three transformers heads that inherit abc.ABC in the affected releases (_matrix), and a
+# causal LM of the same family, which never needed the patch and must get torch's own class.
 MODELS = {
     "token-classification": "AutoModelForTokenClassification",
     "sequence-classification": "AutoModelForSequenceClassification",
@@ -226,16 +226,6 @@ class Grade:
     outcomes: dict[str, str]
     ok: dict[str, bool]
     control: str  # the FSDP2 control's outcome; ABSENT when it did not run
-
-    @property
-    def failed(self) -> list[str]:
-        return [kind for kind, good in self.ok.items() if not good]
-
-    @property
-    def torch_differs(self) -> bool:
-        """torch's own FSDP2 does not train here as an unsharded copy does: the control itself
-        drifted, diverged or could not train, so no model can do better than that."""
-        return self.control in SHARDED_OUTCOMES and self.control != TRAINED
 
 
 def grade(results: Mapping[str, Mapping[str, Any]]) -> Grade:

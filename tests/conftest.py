@@ -76,7 +76,7 @@ def run_scenario(
 
 
 SHARD_ABC_HEAD = """
-    import abc, json
+    import abc, json, sys
     import torch.distributed.fsdp, transformers
     from torch import nn
     from torch.distributed.fsdp import fully_shard
@@ -97,10 +97,12 @@ SHARD_ABC_HEAD = """
         error = None
     except TypeError as caught:
         error = str(caught)
+    builder = sys.modules["torch.distributed.fsdp._fully_shard._fsdp_init"].__dict__.get("type")
     print(json.dumps({{"before": before, "after": fsdp_autopatch.status().to_dict(), "error": error,
                       "transformers": transformers.__version__,
                       "cache_kept": _fully_shard.cls_to_fsdp_cls is cache,
-                      "cache_type": type(cache).__name__}}))
+                      "cache_type": type(cache).__name__,
+                      "stand_in": [type(builder).__name__, len(getattr(builder, "constructions", ()))]}}))
 """
 
 

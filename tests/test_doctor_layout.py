@@ -185,7 +185,7 @@ def test_composable_ddp_is_known_and_fsdp2_replicate_absent_before_2_9(tmp_path:
 @pytest.mark.parametrize("case, files, why", [
     ("helper renamed", {SITE_2_6: TORCH_2_13.replace("_apply_to_module", "_wrap_modules"),
                         HELPER: TORCH_2_13_HELPER},
-     "fully_shard does not call _apply_to_module"),
+     "no _apply_to_module"),
     ("helper calls type as an attribute", {SITE_2_6: TORCH_2_13, HELPER: edited(
         TORCH_2_13_HELPER, "new_cls = type(", "new_cls = builtins.type(")},
      "_apply_to_module does not call the global type"),
@@ -223,7 +223,7 @@ def test_a_re_exporting_shim_is_not_a_site(tmp_path: Path) -> None:
     renamed = TORCH_2_13.replace("_apply_to_module", "_wrap_modules")
     answer = layout(tmp_path, {SITE_2_6: renamed, HELPER: TORCH_2_13_HELPER, SITE_2_4: shim})
     assert answer.known is False
-    assert f"{SITE_2_6}: fully_shard does not call _apply_to_module" in answer.text
+    assert f"{SITE_2_6}: no _apply_to_module" in answer.text
     assert f"{SITE_2_4}: no unimplemented_deepcopy" in answer.text
 
 

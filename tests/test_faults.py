@@ -718,13 +718,13 @@ def test_transformers_without_usable_version(
 
 # Faults injected into the package in the child, before torch is imported: (message, code).
 INJECTIONS = {
-    "install_fully_shard": ("injected: install_fully_shard", """
+    "install": ("injected: install", """
         import fsdp_autopatch._patch as patch
 
-        def install_fully_shard():
-            raise RuntimeError("injected: install_fully_shard")
+        def install(construction):
+            raise RuntimeError("injected: install")
 
-        patch.install_fully_shard = install_fully_shard
+        patch.install = install
     """),
     "decide": ("injected: decide", """
         import fsdp_autopatch._matrix as matrix
@@ -734,18 +734,18 @@ INJECTIONS = {
 
         matrix.decide = decide
     """),
-    # fully_shard's site succeeds; the step after it, for replicate(), fails.
+    # fully_shard's site succeeds; the step after it, for another site, fails.
     "replicate site": ("injected: replicate site", """
         import fsdp_autopatch._patch as patch
 
-        real_patch_site = patch.patch_site
+        real_install = patch.install
 
-        def patch_site(site, *args, **kwargs):
-            if site is patch.REPLICATE_SITE:
+        def install(construction):
+            if construction.site.api != "FSDP2 fully_shard":
                 raise RuntimeError("injected: replicate site")
-            return real_patch_site(site, *args, **kwargs)
+            return real_install(construction)
 
-        patch.patch_site = patch_site
+        patch.install = install
     """),
 }
 
@@ -809,7 +809,7 @@ moved = {}
 
 def move_names(module):
     # Runs before the package's own hook: wrapt calls hooks in the order they were registered.
-    moved["cls_to_fsdp_cls"] = sys.modules[FULLY_SHARD].__dict__.pop("cls_to_fsdp_cls")
+    moved["_unimplemented_deepcopy"] = sys.modules[FULLY_SHARD].__dict__.pop("_unimplemented_deepcopy")
 
 
 wrapt.register_post_import_hook(move_names, "torch.distributed.fsdp")
@@ -818,8 +818,8 @@ wrapt.register_post_import_hook(move_names, "torch.distributed.fsdp")
 IMPORTS_THEN_RESTORE = """
 import transformers
 import torch.distributed.fsdp
-# torch's own code looks the cache up by this name, so it goes back for fully_shard to run.
-sys.modules[FULLY_SHARD].cls_to_fsdp_cls = moved["cls_to_fsdp_cls"]
+# torch's own code looks the stub up by this name, so it goes back for fully_shard to run.
+sys.modules[FULLY_SHARD]._unimplemented_deepcopy = moved["_unimplemented_deepcopy"]
 """
 
 

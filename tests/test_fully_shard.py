@@ -28,10 +28,14 @@ from conftest import (
     shard_abc_head,
 )
 
+from fsdp_autopatch import DDP_MODULE
+
 pytestmark = pytest.mark.slow
 
 AFFECTED = ("token-classification", "sequence-classification", "question-answering")
 DISABLED = environment(FSDP_AUTOPATCH="0")
+# fully_shard's site on torch 2.6+, named by the function users call.
+FULLY_SHARD_SITE = "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard"
 
 
 def by_model(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -310,11 +314,42 @@ def test_status_reports_versions_and_site(real_torch: dict[str, str]) -> None:
     assert status["torch"] == real_torch["torch"] or status["torch"].startswith(real_torch["torch"])
     assert status["transformers"] == real_torch["transformers"]
     assert_patched_where_needed(status)
-    site = "torch.distributed.fsdp._fully_shard._fully_shard.cls_to_fsdp_cls"
-    assert status["sites"] == ([site] if layout_bug_here() else [])
+    # FSDP2 imports composable DDP: both are patched.
+    sites = [FULLY_SHARD_SITE, f"{DDP_MODULE}.replicate"]
+    assert status["sites"] == (sites if layout_bug_here() else [])
     assert json.loads(json.dumps(status)) == status
     error = shard_abc_head(FSDP_AUTOPATCH="0")["error"]
     assert (error is not None and LAYOUT_ERROR in error) is layout_bug_here()
+
+
+# Every torch call that swaps a module's class, for the tests of what the patch must leave as
+# torch makes it: each defines Wrapper (torch's wrapper class), PREFIX, wrap(module) (called once
+# `mesh` is set), and METHOD, ARGS: a method of Wrapper's own, and arguments to call it with.
+WRAPPERS = {
+    "fully_shard": """
+    from torch.distributed.fsdp import FSDPModule as Wrapper, fully_shard
+    PREFIX, METHOD, ARGS = "FSDP", "reshard", ()
+
+    def wrap(module):
+        fully_shard(module, mesh=mesh)
+""",
+    # Composable DDP builds a new class on every call (no cache).
+    "DDP replicate": """
+    import importlib
+    composable_ddp = importlib.import_module("torch.distributed._composable.replicate")
+    Wrapper = composable_ddp.DDP
+    PREFIX, METHOD, ARGS = "DDP", "set_requires_gradient_sync", (True,)
+
+    def wrap(module):
+        composable_ddp.replicate(module)
+""",
+}
+PREFIXES = {"fully_shard": ("FSDP", "FSDPModule"), "DDP replicate": ("DDP", "DDP")}
+
+
+def with_wrapper(script: str, wrapper: str) -> str:
+    """``script`` with ``{wrapper}`` replaced by that wrapper's definitions."""
+    return textwrap.dedent(script).replace("{wrapper}\n", textwrap.dedent(WRAPPERS[wrapper]))
 
 
 # A user's module classes whose construction has side effects: a registry that refuses a second
@@ -323,9 +358,9 @@ CONSTRUCTION_HOOKS = """
     import abc, json
     import torch.distributed.fsdp, transformers
     from torch import nn
-    from torch.distributed.fsdp import fully_shard
     import fsdp_autopatch
     from fsdp_autopatch import _verify
+    {wrapper}
 
     built = []
 
@@ -361,7 +396,7 @@ CONSTRUCTION_HOOKS = """
         for _ in range(2):
             module = cls()
             try:
-                fully_shard(module, mesh=mesh)
+                wrap(module)
                 outcomes.append(type(module).__name__)
             except TypeError as error:
                 outcomes.append(str(error))
@@ -372,32 +407,39 @@ CONSTRUCTION_HOOKS = """
 """
 
 
-def test_construction_hooks_run_once_per_class_as_without_the_patch() -> None:
-    """torch's own class is built once, by torch's call, and used: a registering
-    ``__init_subclass__`` and a counting metaclass see one construction per class, patched and
-    unpatched alike. Where CPython refuses torch's class, the compatible class would be a second
-    ``FSDP<Name>``: a registry that refuses it leaves torch's error, and the status says why."""
+@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+def test_construction_hooks_run_once_per_class_as_without_the_patch(wrapper: str) -> None:
+    """torch's own class is built by torch's call, as often as torch builds it (once per class
+    with fully_shard's cache, once per call with DDP's), and used: a registering
+    ``__init_subclass__`` and a counting metaclass see the same constructions patched and
+    unpatched. Where CPython refuses torch's class, the compatible class would be a second
+    ``<Prefix><Name>``: a registry that refuses it leaves torch's error, and the status says why."""
     runs = {}
     for mode in (None, "0"):
-        result = run_python(CONSTRUCTION_HOOKS, env=environment(FSDP_AUTOPATCH=mode))
+        result = run_python(with_wrapper(CONSTRUCTION_HOOKS, wrapper), env=environment(FSDP_AUTOPATCH=mode))
         assert result.returncode == 0, result.stderr[-4000:]
         (runs[mode],) = json_lines(result.stdout)
     patched, unpatched = runs[None], runs["0"]
+    prefix = PREFIXES[wrapper][0]
+    per_call = wrapper == "DDP replicate"
     assert patched["Block"] == unpatched["Block"] == {
-        "outcomes": ["FSDPBlock", "FSDPBlock"], "built": ["FSDPBlock"],
-        "registered": ["AbcBlock", "Block", "FSDPBlock"],
+        # DDP's second class of the name, built for the second module, is refused by the registry.
+        "outcomes": [f"{prefix}Block",
+                     f"duplicate registration {prefix}Block" if per_call else f"{prefix}Block"],
+        "built": [f"{prefix}Block"] * (2 if per_call else 1),
+        "registered": ["AbcBlock", "Block", f"{prefix}Block"],
     }
-    # torch alone: its FSDPAbcBlock is built and registered once, then refused by CPython (here).
-    assert unpatched["AbcBlock"]["built"] == ["FSDPAbcBlock"]
-    for outcome in unpatched["AbcBlock"]["outcomes"]:
-        assert (LAYOUT_ERROR in outcome) is layout_bug_here()
+    # torch alone: its <Prefix>AbcBlock is built and registered, then refused by CPython (here).
+    assert unpatched["AbcBlock"]["built"] == [f"{prefix}AbcBlock"] * (2 if per_call else 1)
+    assert (LAYOUT_ERROR in unpatched["AbcBlock"]["outcomes"][0]) is layout_bug_here()
     if layout_bug_here():
-        # The compatible FSDPAbcBlock is a second construction (documented): the metaclass runs
-        # for it, and this registry refuses it, so the module fails with torch's own error.
-        assert patched["AbcBlock"] == dict(unpatched["AbcBlock"], built=["FSDPAbcBlock"] * 2)
+        # The compatible <Prefix>AbcBlock is a second construction (documented): the metaclass
+        # runs for it, and this registry refuses it, so the module fails with torch's own error.
+        built = unpatched["AbcBlock"]["built"] + [f"{prefix}AbcBlock"]
+        assert patched["AbcBlock"] == dict(unpatched["AbcBlock"], built=built)
         (record,) = [c for c in patched["classes"] if c["name"] == "AbcBlock"]
         assert record["outcome"] == "refused"
-        assert "TypeError: duplicate registration FSDPAbcBlock" in record["reason"]
+        assert f"TypeError: duplicate registration {prefix}AbcBlock" in record["reason"]
     else:
         assert patched["AbcBlock"] == unpatched["AbcBlock"]
     assert {c["name"]: c["outcome"] for c in patched["classes"]}["Block"] == "torch"
@@ -466,14 +508,15 @@ def test_a_class_that_failed_before_the_patch_shards_after_it(order: str, newer_
     assert (record["name"], record["outcome"], record["parent"]) == ("Head", "compatible", "abc.ABC")
 
 
-# FSDPModule.reshard replaced (before and after the ABC class is built), restored, deleted: what
-# a plain module and an ABC module call each time.
+# A method of the wrapper class (FSDPModule.reshard, DDP.set_requires_gradient_sync) replaced
+# (before and after the ABC class is built), restored, deleted: what a plain module and an ABC
+# module call each time.
 MONKEYPATCHED = """
     import abc, json
     import torch.distributed.fsdp, transformers
     from torch import nn
-    from torch.distributed.fsdp import FSDPModule, fully_shard
     from fsdp_autopatch import _verify
+    {wrapper}
 
     class Plain(nn.Linear):
         pass
@@ -485,15 +528,15 @@ MONKEYPATCHED = """
         pass
 
     mesh = _verify.init_process_group()
-    real = FSDPModule.__dict__["reshard"]
+    real = Wrapper.__dict__[METHOD]
 
-    def traced(self):
+    def traced(self, *args):
         return "traced " + type(self).__name__
 
     def shard(cls):
         module = cls(4, 4)
         try:
-            fully_shard(module, mesh=mesh)
+            wrap(module)
             return module
         except TypeError as error:
             return str(error)
@@ -505,44 +548,48 @@ MONKEYPATCHED = """
                 answers.append("not sharded")
                 continue
             try:
-                answer = module.reshard()
-                answers.append(answer if isinstance(answer, str) else "torch's reshard")
+                answer = getattr(module, METHOD)(*ARGS)
+                answers.append(answer if isinstance(answer, str) else "torch's method")
             except AttributeError:
-                answers.append("no reshard")
+                answers.append("no method")
         return answers
 
     plain, head = shard(Plain), shard(Head)
     report = {"before": calls(plain, head)}
-    FSDPModule.reshard = traced
+    setattr(Wrapper, METHOD, traced)
     late = shard(Late)
     report["replaced"] = calls(plain, head, late)
-    FSDPModule.reshard = real
+    setattr(Wrapper, METHOD, real)
     report["restored"] = calls(plain, head, late)
-    del FSDPModule.reshard
+    delattr(Wrapper, METHOD)
     report["deleted"] = calls(plain, head, late)
-    report["hasattr"] = [hasattr(type(m), "reshard") for m in (plain, head, late) if not isinstance(m, str)]
-    FSDPModule.reshard = real
+    report["hasattr"] = [hasattr(type(m), METHOD) for m in (plain, head, late) if not isinstance(m, str)]
+    setattr(Wrapper, METHOD, real)
     print(json.dumps(report))
 """
 
 
-def test_monkeypatches_of_fsdpmodule_reach_abc_modules_as_they_reach_others() -> None:
-    """A profiler or ``monkeypatch`` replacing ``FSDPModule.reshard``: ABC modules (sharded before
-    or after) call the replacement as plain modules do, go back with it, and lose it with it."""
-    result = run_python(MONKEYPATCHED)
+@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+def test_monkeypatches_of_the_wrapper_reach_abc_modules_as_they_reach_others(wrapper: str) -> None:
+    """A profiler or ``monkeypatch`` replacing ``FSDPModule.reshard`` (or a method of composable
+    DDP's ``DDP``): ABC modules (wrapped before or after) call the replacement as plain modules
+    do, go back with it, and lose it with it."""
+    script = with_wrapper(MONKEYPATCHED, wrapper)
+    result = run_python(script)
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
+    prefix = PREFIXES[wrapper][0]
     assert report == {
-        "before": ["torch's reshard"] * 2,
-        "replaced": ["traced FSDPPlain", "traced FSDPHead", "traced FSDPLate"],
-        "restored": ["torch's reshard"] * 3,
-        "deleted": ["no reshard"] * 3,
+        "before": ["torch's method"] * 2,
+        "replaced": [f"traced {prefix}Plain", f"traced {prefix}Head", f"traced {prefix}Late"],
+        "restored": ["torch's method"] * 3,
+        "deleted": ["no method"] * 3,
         "hasattr": [False] * 3,
     }, report
-    unpatched = run_python(MONKEYPATCHED, env=DISABLED)
+    unpatched = run_python(script, env=DISABLED)
     assert unpatched.returncode == 0, unpatched.stderr[-4000:]
     (alone,) = json_lines(unpatched.stdout)
-    assert alone["replaced"][0] == "traced FSDPPlain"
+    assert alone["replaced"][0] == f"traced {prefix}Plain"
     assert (alone["replaced"][1:] == ["not sharded"] * 2) is layout_bug_here()
 
 
@@ -579,7 +626,7 @@ def test_status_lists_each_class_that_went_through_the_patched_site() -> None:
     if not layout_bug_here():  # standing aside: nothing went through a patched site
         assert status["classes"] == [] and status["classes_seen"] == 0
         return
-    site = "torch.distributed.fsdp._fully_shard._fully_shard.cls_to_fsdp_cls"
+    site = FULLY_SHARD_SITE
     module = "transformers.models.qwen2.modeling_qwen2"
     assert status["classes"] == [
         {"name": "Qwen2DecoderLayer", "module": module, "site": site, "wrapper": "FSDPQwen2DecoderLayer",
@@ -608,9 +655,9 @@ SIDE_EFFECTS = """
     import abc, functools, json
     import torch, torch.distributed.fsdp, transformers
     from torch import nn
-    from torch.distributed.fsdp import FSDPModule, fully_shard
     import fsdp_autopatch
     from fsdp_autopatch import _verify
+    {wrapper}
 
     events = []
 
@@ -670,12 +717,12 @@ SIDE_EFFECTS = """
         events.clear()
         module = cls()
         try:
-            fully_shard(module, mesh=mesh)
-            fully_shard(cls(), mesh=mesh)  # the second module of the class: a cache hit
+            wrap(module)
+            wrap(cls())  # the second module of the class: a cache hit for fully_shard
             kind = type(module)
             outcome = {
                 "class": kind.__name__, "mro": [c.__name__ for c in kind.__mro__[:3]],
-                "is_fsdp": isinstance(module, FSDPModule), "named": module.named,
+                "is_fsdp": isinstance(module, Wrapper), "named": module.named,
                 "stamp": kind.stamp, "describe": describe(kind), "size": [module.size, module.size],
                 "output": list(module(torch.ones(1, 4)).shape),
                 "registered": len(Decorating.registry.get(kind.__name__, [])),
@@ -688,15 +735,18 @@ SIDE_EFFECTS = """
 """
 
 
-def test_classes_with_creation_side_effects_match_torch_alone(first_fixed_transformers: Path) -> None:
+@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+def test_classes_with_creation_side_effects_match_torch_alone(
+    first_fixed_transformers: Path, wrapper: str
+) -> None:
     """Patched, with ``FSDP_AUTOPATCH=0``, and beside transformers 4.55.3 (whose heads need no
     patch): a plain class sees the same side effects and outcome in all three. An ABC class
-    shards patched as it does with the patch forced beside 4.55.3, and fails without it."""
+    is wrapped patched as it is with the patch forced beside 4.55.3, and fails without it."""
     fixed = {"PYTHONPATH": str(first_fixed_transformers)}
     runs = {}
     for label, env in {"patched": {}, "disabled": {"FSDP_AUTOPATCH": "0"}, "fixed": fixed,
                        "fixed-forced": dict(fixed, FSDP_AUTOPATCH="force")}.items():
-        result = run_python(SIDE_EFFECTS, env=environment(**env))
+        result = run_python(with_wrapper(SIDE_EFFECTS, wrapper), env=environment(**env))
         assert result.returncode == 0, result.stderr[-4000:]
         (runs[label],) = json_lines(result.stdout)
     bug = layout_bug_here()
@@ -704,14 +754,17 @@ def test_classes_with_creation_side_effects_match_torch_alone(first_fixed_transf
     plain = runs["patched"]["Plain"]
     for label in runs:
         assert runs[label]["Plain"] == plain, label
+    prefix, name = PREFIXES[wrapper]
+    per_call = 2 if wrapper == "DDP replicate" else 1  # DDP builds a class per call, FSDP2 caches it
     assert plain["outcome"] == {
-        "class": "FSDPPlain", "mro": ["FSDPPlain", "FSDPModule", "Plain"], "is_fsdp": True,
-        "named": "named on FSDPPlain", "stamp": "FSDPPlain", "describe": ["FSDPPlain", "FSDPModule", "Plain"],
-        "size": [4, 4], "output": [1, 4], "registered": 1,
+        "class": f"{prefix}Plain", "mro": [f"{prefix}Plain", name, "Plain"], "is_fsdp": True,
+        "named": f"named on {prefix}Plain", "stamp": f"{prefix}Plain",
+        "describe": [f"{prefix}Plain", name, "Plain"], "size": [4, 4], "output": [1, 4],
+        "registered": per_call,
     }
-    # torch's one construction: the metaclass decorates it, __init_subclass__ runs once.
-    assert plain["events"] == ["init_subclass FSDPPlain", "decorated FSDPPlain", "described FSDPPlain",
-                               "cached_property on FSDPPlain"]
+    # torch's constructions: the metaclass decorates each, __init_subclass__ runs once for each.
+    assert plain["events"] == [f"init_subclass {prefix}Plain", f"decorated {prefix}Plain"] * per_call + [
+        f"described {prefix}Plain", f"cached_property on {prefix}Plain"]
     head = runs["patched"]["Head"]
     assert runs["fixed-forced"]["Head"] == head
     assert runs["disabled"]["Head"] == runs["fixed"]["Head"]
@@ -720,13 +773,13 @@ def test_classes_with_creation_side_effects_match_torch_alone(first_fixed_transf
         return
     assert LAYOUT_ERROR in runs["disabled"]["Head"]["outcome"]["error"]
     assert head["outcome"] == dict(plain["outcome"], **{
-        "class": "FSDPHead", "mro": ["FSDPHead", "FSDPModule", "Head"], "named": "named on FSDPHead",
-        "stamp": "FSDPHead", "describe": ["FSDPHead", "FSDPModule", "Head"], "registered": 2,
+        "class": f"{prefix}Head", "mro": [f"{prefix}Head", name, "Head"], "named": f"named on {prefix}Head",
+        "stamp": f"{prefix}Head", "describe": [f"{prefix}Head", name, "Head"], "registered": 2,
     })
     # torch's class is built and refused, then the compatible class: the documented second
-    # construction, with its side effects, for this class only.
-    assert head["events"] == ["init_subclass FSDPHead", "decorated FSDPHead"] * 2 + [
-        "described FSDPHead", "cached_property on FSDPHead"]
+    # construction, with its side effects, once for this class only (DDP's second call too).
+    assert head["events"] == [f"init_subclass {prefix}Head", f"decorated {prefix}Head"] * 2 + [
+        f"described {prefix}Head", f"cached_property on {prefix}Head"]
 
 
 # A class whose construction shards another module: torch's construction runs it inside the
@@ -735,8 +788,8 @@ SHARDS_WHILE_BUILT = """
     import abc, json
     import torch.distributed.fsdp, transformers
     from torch import nn
-    from torch.distributed.fsdp import fully_shard
     from fsdp_autopatch import _verify
+    {wrapper}
 
     mesh = _verify.init_process_group()
 
@@ -746,19 +799,98 @@ SHARDS_WHILE_BUILT = """
     class Outer(nn.Linear):
         def __init_subclass__(cls, **kwargs):
             super().__init_subclass__(**kwargs)
-            if cls.__name__.startswith("FSDP"):
-                fully_shard(Inner(2, 2), mesh=mesh)
+            if cls.__name__.startswith(PREFIX):
+                wrap(Inner(2, 2))
 
     module = Outer(2, 2)
-    fully_shard(module, mesh=mesh)
+    wrap(module)
     print(json.dumps({"outer": type(module).__name__}))
 """
 
 
-def test_a_class_whose_construction_shards_another_module() -> None:
-    """No deadlock where torch has none: the construction of ``FSDPOuter`` shards an ``Inner``
-    from ``__init_subclass__``, patched as without the patch."""
+@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+def test_a_class_whose_construction_shards_another_module(wrapper: str) -> None:
+    """No deadlock where torch has none: the construction of ``FSDPOuter`` (``DDPOuter``) wraps
+    an ``Inner`` from ``__init_subclass__``, patched as without the patch."""
     for mode in (None, "0"):
-        result = run_python(SHARDS_WHILE_BUILT, env=environment(FSDP_AUTOPATCH=mode), timeout=120)
+        result = run_python(with_wrapper(SHARDS_WHILE_BUILT, wrapper), env=environment(FSDP_AUTOPATCH=mode),
+                            timeout=120)
         assert result.returncode == 0, result.stderr[-4000:]
-        assert json_lines(result.stdout) == [{"outer": "FSDPOuter"}]
+        assert json_lines(result.stdout) == [{"outer": f"{PREFIXES[wrapper][0]}Outer"}]
+
+
+# What any reader of torch's class caches sees (torch's own _dynamo/guards.py reads
+# get_cls_to_fsdp_cls()): a plain dict, answering exactly as the dict torch made, patched or not.
+CACHE_READERS = """
+    import abc, copy, json, sys
+    import torch.distributed.fsdp, transformers
+    import torch.distributed._composable.replicate_with_fsdp
+    from torch import nn
+    import fsdp_autopatch
+    from fsdp_autopatch import _verify
+
+    class Plain(nn.Linear):
+        pass
+
+    class Head(abc.ABC, nn.Linear):
+        pass
+
+    caches = {
+        "cls_to_fsdp_cls": sys.modules["torch.distributed.fsdp._fully_shard._fully_shard"],
+        "cls_to_replicate_cls": sys.modules["torch.distributed._composable.replicate_with_fsdp"],
+    }
+    report = {}
+    for name, module in caches.items():
+        cache = getattr(module, name)
+        try:
+            cache[Plain]
+            item = "found"
+        except KeyError:
+            item = "KeyError"
+        report[name] = {
+            "type": type(cache).__name__, "get": repr(cache.get(Plain)),
+            "default": cache.get(Plain, "default"), "in": Plain in cache, "item": item, "len": len(cache),
+            "iter": [c.__name__ for c in cache],
+            "copy": type(copy.copy(cache)).__name__, "dict": len(dict(cache)), "after": len(cache),
+        }
+    getter = getattr(caches["cls_to_fsdp_cls"], "get_cls_to_fsdp_cls", None)
+    if getter is not None:
+        same = getter() is caches["cls_to_fsdp_cls"].cls_to_fsdp_cls
+        report["getter"] = [same, getter().get(Plain, "default"), len(getter())]
+    mesh = _verify.init_process_group()
+    for cls in (Plain, Head):
+        try:
+            torch.distributed.fsdp.fully_shard(cls(4, 4), mesh=mesh)
+        except TypeError:
+            pass
+    cache = caches["cls_to_fsdp_cls"].cls_to_fsdp_cls
+    report["after sharding"] = {"type": type(cache).__name__, "keys": sorted(c.__name__ for c in cache),
+                                "values": sorted(c.__name__ for c in cache.values())}
+    report["applied"] = fsdp_autopatch.status().applied
+    print(json.dumps(report))
+"""
+
+
+def test_readers_of_torchs_class_caches_see_torchs_dict() -> None:
+    """``get_cls_to_fsdp_cls().get(Plain)`` for a class never sharded is None (or the default), and
+    builds nothing; every other read behaves as on torch's dict, patched as with the patch off.
+    After sharding, the cache holds what torch's construction stored: the ABC class's compatible
+    class where CPython refuses torch's, the plain class's own."""
+    runs = {}
+    for mode in (None, "0"):
+        result = run_python(CACHE_READERS, env=environment(FSDP_AUTOPATCH=mode))
+        assert result.returncode == 0, result.stderr[-4000:]
+        (runs[mode],) = json_lines(result.stdout)
+    patched, unpatched = runs[None], runs["0"]
+    assert patched["applied"] is layout_bug_here() and unpatched["applied"] is False
+    for name in ("cls_to_fsdp_cls", "cls_to_replicate_cls"):
+        assert patched[name] == unpatched[name] == {
+            "type": "dict", "get": "None", "default": "default", "in": False, "item": "KeyError", "len": 0,
+            "iter": [], "copy": "dict", "dict": 0, "after": 0,
+        }
+    assert patched.get("getter") == unpatched.get("getter")
+    if "getter" in patched:
+        assert patched["getter"] == [True, "default", 0]
+    # torch stores its failed class too, before CPython refuses the swap.
+    assert patched["after sharding"] == unpatched["after sharding"] == {
+        "type": "dict", "keys": ["Head", "Plain"], "values": ["FSDPHead", "FSDPPlain"]}

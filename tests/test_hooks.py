@@ -17,6 +17,7 @@ import pytest
 from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_python, shard_abc_head
 
 import fsdp_autopatch
+from fsdp_autopatch import DDP_MODULE
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,10 @@ def test_patch_is_installed_once(installed: Path) -> None:
     # Where there is no bug, auto mode stands aside and force then installs it: once either way.
     report = shard_abc_head(calls="fsdp_autopatch.apply(); fsdp_autopatch.apply(force=True)")
     assert report["before"]["applied"] is True
-    assert report["cache_type"] == "LayoutFixingCache" and report["cache_kept"] is True
+    # One stand-in for type in the builder torch 2.11+ share, serving FSDPModule once; torch's
+    # cache is its own dict.
+    assert report["stand_in"] == ["TypeStandIn", 1]
+    assert report["cache_type"] == "dict" and report["cache_kept"] is True
     assert report["error"] is None
     assert_unpatched_torch(shard_abc_head(FSDP_AUTOPATCH="0"))
 
@@ -94,16 +98,14 @@ PROBE_AND_SHARD = """
     from torch import nn
     from torch.distributed.fsdp import FSDPModule, fully_shard
     from torch.distributed.fsdp._fully_shard import _fully_shard
-    from fsdp_autopatch import _patch, _verify
+    from fsdp_autopatch import _patch, _sites, _verify
 
     report = {"helper": _patch.probe_layout_bug()}
     report["cache_untouched"] = not any(
         "LayoutProbe" in cls.__name__ for cls in _fully_shard.cls_to_fsdp_cls)
-    # Without torch's helper (as fully_shard finds it, in its own module), the probe builds the
-    # class with the code torch 2.4 - 2.10 run inline.
+    # Composable DDP builds its class inline, as torch 2.4 - 2.10's fully_shard does.
+    report["inline"] = _patch.probe_layout_bug(_patch.resolve_api(_sites.DDP_REPLICATE))
     helper = _fully_shard._apply_to_module
-    del _fully_shard._apply_to_module
-    report["formula"] = _patch.probe_layout_bug()
     # A helper that wants an argument the package does not know: it cannot tell, and says so.
     def unknown(modules, cls_to_wrapper_cls, wrapper_module_cls, wrapper_cls_prefix,
                 unimplemented_deepcopy, placement):
@@ -133,13 +135,14 @@ PROBE_AND_SHARD = """
 
 def test_probe_answers_what_fully_shard_does(real_torch: dict[str, str]) -> None:
     """The real probe on real torch says "bug" exactly where fully_shard, unpatched, fails on an
-    ABC module; through torch's helper or the formula alike; and it leaves torch's cache alone."""
+    ABC module; through torch's helper or an inline construction alike; and it leaves torch's
+    cache alone."""
     result = run_python(PROBE_AND_SHARD, env=environment(FSDP_AUTOPATCH="0"))
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     bug = report["error"] is not None and LAYOUT_ERROR in report["error"]
     assert report["error"] is None or bug, report["error"]
-    assert report["helper"] is bug and report["formula"] is bug and report["reordered"] is bug
+    assert report["helper"] is bug and report["inline"] is bug and report["reordered"] is bug
     assert report["unknown_signature"] is None
     assert report["cache_untouched"] is True
     assert layout_bug_here() is bug
@@ -182,38 +185,42 @@ def warnings_of(stderr: str) -> list[str]:
 
 
 def test_unknown_fsdp2_layout_is_said_within_the_import(real_torch: dict[str, str]) -> None:
-    """FSDP2 imported, ``fully_shard`` there, none of the known sites: the status says so (not
-    "waiting"), one warning, before transformers is imported and after."""
+    """FSDP2 imported, ``fully_shard`` there, none of the known sites: the status says so within
+    that import, with one warning; composable DDP, imported with it, is still patched once
+    transformers is there."""
     code = """
         import json
         import torch, torch.distributed.fsdp
         import fsdp_autopatch
-        from fsdp_autopatch import _patch
-        print(json.dumps({"at_fsdp2": fsdp_autopatch.status().to_dict(),
-                          "expected": _patch.unknown_layout_reason(torch.__version__)}))
+        print(json.dumps({"at_fsdp2": fsdp_autopatch.status().to_dict()}))
         import transformers
         print(json.dumps({"at_transformers": fsdp_autopatch.status().to_dict()}))
     """
-    moved = run_python(with_name_moved(FULLY_SHARD_SITE, "cls_to_fsdp_cls", code),
+    moved = run_python(with_name_moved(FULLY_SHARD_SITE, "_unimplemented_deepcopy", code),
                        env=environment(FSDP_AUTOPATCH_LOG="warning"))
     assert moved.returncode == 0, moved.stderr[-4000:]
     first, second = json_lines(moved.stdout)
-    status, expected = first["at_fsdp2"], first["expected"]
-    assert status["applied"] is False and status["reason"] == expected
-    # The same decision; transformers' version is filled in once it is imported.
-    assert second["at_transformers"] == {**status, "transformers": real_torch["transformers"]}
-    assert status["transformers"] is None
+    status = first["at_fsdp2"]
+    (warning,) = warnings_of(moved.stderr)
+    expected = warning.removeprefix("fsdp-autopatch WARNING: ")
     from fsdp_autopatch import __version__
 
-    assert f"FSDP2 layout is unknown to fsdp-autopatch {__version__}" in expected
+    assert expected.startswith("FSDP2 fully_shard runs unpatched: torch ")
+    assert f"'s FSDP2 layout is unknown to fsdp-autopatch {__version__}" in expected
     assert "upgrade fsdp-autopatch" in expected and "FSDP_AUTOPATCH=0" in expected
-    assert warnings_of(moved.stderr) == [f"fsdp-autopatch WARNING: {expected}"]
+    assert status["applied"] is False and status["reason"].endswith(f"; {expected}")
+    assert status["transformers"] is None
+    after = second["at_transformers"]
+    assert after["transformers"] == real_torch["transformers"] and after["reason"].endswith(f"; {expected}")
+    assert after["sites"] == ([f"{DDP_MODULE}.replicate"] if layout_bug_here() else [])
 
     # The same process with torch's names where they are: waiting for transformers, silent.
     known = run_python(code, env=environment(FSDP_AUTOPATCH_LOG="warning"))
     assert known.returncode == 0, known.stderr[-4000:]
     first, second = json_lines(known.stdout)
     assert first["at_fsdp2"]["reason"] == "waiting for transformers to be imported"
+    both = [f"{FULLY_SHARD_SITE}.fully_shard", f"{DDP_MODULE}.replicate"]
+    assert second["at_transformers"]["sites"] == (both if layout_bug_here() else [])
     assert second["at_transformers"]["applied"] is layout_bug_here()
     assert warnings_of(known.stderr) == []
 
@@ -228,24 +235,28 @@ def test_replicate_site_that_cannot_be_patched_is_said_once(real_torch: dict[str
         print(json.dumps(fsdp_autopatch.status().to_dict()))
     """
     result = run_python(
-        with_name_moved("torch.distributed._composable.replicate_with_fsdp", "cls_to_replicate_cls", code),
+        with_name_moved("torch.distributed._composable.replicate_with_fsdp", "_unimplemented_deepcopy", code),
         env=environment(FSDP_AUTOPATCH_LOG="warning", FSDP_AUTOPATCH="force"),
     )
     assert result.returncode == 0, result.stderr[-4000:]
     (status,) = json_lines(result.stdout)
     assert status["applied"] is True
-    assert status["sites"] == [f"{FULLY_SHARD_SITE}.cls_to_fsdp_cls"]
+    assert status["sites"] == [f"{FULLY_SHARD_SITE}.fully_shard", f"{DDP_MODULE}.replicate"]
     (warning,) = warnings_of(result.stderr)
-    assert warning.startswith("fsdp-autopatch WARNING: replicate() runs unpatched: ")
-    assert "cls_to_replicate_cls" in warning and warning.split("WARNING: ")[1] in status["reason"]
+    assert warning.startswith("fsdp-autopatch WARNING: FSDP2 replicate runs unpatched: torch ")
+    assert "FSDP2 replicate layout is unknown" in warning
+    assert warning.split("WARNING: ")[1] in status["reason"]
 
 
 def test_locks_are_free_in_a_child_forked_while_a_thread_holds_them(installed: Path) -> None:
-    """A thread holds the hooks' lock and a class cache's lock when another forks: the child,
-    which has no such thread, can still take both (it would wait forever otherwise)."""
+    """A thread holds the hooks' lock, the patch's lock and the class records' lock when another
+    forks: the child, which has no such thread, can still take them all (it would wait forever
+    otherwise), through the package's one fork handler."""
     result = run_python("""
-        import os, signal, threading
-        from fsdp_autopatch import _hooks, _patch
+        import os, signal, threading, types
+        import fsdp_autopatch
+        from fsdp_autopatch import _hooks, _patch, _sites
+        fsdp_autopatch.register_fork_handler()  # as arm() does at start-up
 
         class Wrapper:
             pass
@@ -253,12 +264,13 @@ def test_locks_are_free_in_a_child_forked_while_a_thread_holds_them(installed: P
         class Original:
             pass
 
-        construction = _patch.Construction(Wrapper, "FSDP", lambda *a: None, "torch_stand_in")
-        cache = _patch.LayoutFixingCache({}, construction, "stand-in")
+        module = types.ModuleType("torch_stand_in")
+        site = _sites.Site("stand-in API", module.__name__, "wrap", ("Wrapper",), "W", "deepcopy")
+        _patch.install(_patch.Construction(site, Wrapper, lambda *a: None, module, None))
         held, release = threading.Event(), threading.Event()
 
         def hold():
-            with _hooks._lock, cache._lock:
+            with _hooks._lock, _patch._lock, _patch.classes._lock:
                 held.set()
                 release.wait()
 
@@ -268,7 +280,8 @@ def test_locks_are_free_in_a_child_forked_while_a_thread_holds_them(installed: P
         if pid == 0:
             signal.alarm(20)  # a deadlocked child dies of SIGALRM instead of hanging the test
             _hooks.current_status()
-            os._exit(0 if cache.get(Original).__bases__ == (Wrapper, Original) else 3)
+            built = module.type("WOriginal", (Wrapper, Original), {})
+            os._exit(0 if built.__bases__ == (Wrapper, Original) else 3)
         _, code = os.waitpid(pid, 0)
         release.set()
         print(os.waitstatus_to_exitcode(code))
@@ -328,7 +341,7 @@ def test_replicate_import_running_when_the_patch_is_armed_is_patched_when_it_end
         release.set()
         worker.join()
         deadline = time.monotonic() + 30
-        while len(fsdp_autopatch.status().sites) < 2 and time.monotonic() < deadline:
+        while len(fsdp_autopatch.status().sites) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         print(json.dumps({"at_apply": at_apply, "after": fsdp_autopatch.status().to_dict()}))
     """, env=environment(FSDP_AUTOPATCH_LOG="warning"))
@@ -338,26 +351,24 @@ def test_replicate_import_running_when_the_patch_is_armed_is_patched_when_it_end
     if not layout_bug_here():
         assert report["after"]["applied"] is False
         return
-    assert report["at_apply"]["sites"] == [f"{FULLY_SHARD_SITE}.cls_to_fsdp_cls"]
+    fully_shard, ddp = f"{FULLY_SHARD_SITE}.fully_shard", f"{DDP_MODULE}.replicate"
+    assert report["at_apply"]["sites"] == [fully_shard, ddp]
     assert report["after"]["applied"] is True
-    assert report["after"]["sites"] == [f"{FULLY_SHARD_SITE}.cls_to_fsdp_cls",
-                                        "torch.distributed._composable.replicate_with_fsdp.cls_to_replicate_cls"]
+    replicate = "torch.distributed._composable.replicate_with_fsdp.replicate"
+    assert report["after"]["sites"] == [fully_shard, ddp, replicate]
 
 
-# torch's fully_shard made to read its class cache from another dict, as a torch that kept
-# cls_to_fsdp_cls but stopped using it would: the name in its bytecode is changed.
-READS_ANOTHER_DICT = """
-    import abc, inspect, json
+# torch's fully_shard made to call a copy of its helper with globals of its own, as a torch that
+# moved the helper would: the stand-in in the helper's module no longer reaches it.
+CALLS_A_COPY = """
+    import abc, json, types
     import torch.distributed.fsdp
     from torch import nn
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.fsdp._fully_shard import _fully_shard
 
-    inner = inspect.unwrap(_fully_shard.fully_shard)
-    names = inner.__code__.co_names
-    inner.__code__ = inner.__code__.replace(
-        co_names=tuple("another_dict" if name == "cls_to_fsdp_cls" else name for name in names))
-    _fully_shard.another_dict = {}
+    helper = _fully_shard._apply_to_module
+    _fully_shard._apply_to_module = types.FunctionType(helper.__code__, dict(helper.__globals__))
 
     import transformers
     import fsdp_autopatch
@@ -371,15 +382,17 @@ READS_ANOTHER_DICT = """
         error = None
     except TypeError as caught:
         error = str(caught)
+    stand_in = helper.__globals__.get("type")
     print(json.dumps({"status": fsdp_autopatch.status().to_dict(), "error": error,
-                      "cache": type(_fully_shard.cls_to_fsdp_cls).__name__}))
+                      "stand_in": [type(stand_in).__name__, len(getattr(stand_in, "constructions", ()))]}))
 """
 
 
 def test_status_says_applied_only_after_the_fix_passed_its_self_check(real_torch: dict[str, str]) -> None:
-    """A torch whose fully_shard does not read the replaced cache: the self-check fails, the
-    status says unpatched and why, one warning, and torch's own dict is back."""
-    result = run_python(READS_ANOTHER_DICT, env=environment(FSDP_AUTOPATCH_LOG="warning"))
+    """A torch whose fully_shard does not reach the replaced ``type``: the self-check fails, the
+    status says fully_shard runs unpatched and why, one warning, and the builtin is back where
+    no other site needs the stand-in; composable DDP, which passes, stays patched."""
+    result = run_python(CALLS_A_COPY, env=environment(FSDP_AUTOPATCH_LOG="warning"))
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     assert_unpatched_torch(report)
@@ -387,14 +400,18 @@ def test_status_says_applied_only_after_the_fix_passed_its_self_check(real_torch
         assert report["status"]["applied"] is False and warnings_of(result.stderr) == []
         return
     status = report["status"]
-    assert status["applied"] is False and status["sites"] == [] and report["cache"] == "dict"
-    assert ("the fix failed its self-check, so fully_shard runs unpatched: torch's "
-            f"{FULLY_SHARD_SITE}.fully_shard does not read the global cls_to_fsdp_cls") in status["reason"]
-    assert warnings_of(result.stderr) == [f"fsdp-autopatch WARNING: {status['reason']}"]
+    assert status["sites"] == [f"{DDP_MODULE}.replicate"] and report["stand_in"] == ["NoneType", 0]
+    (warning,) = warnings_of(result.stderr)
+    assert warning.startswith("fsdp-autopatch WARNING: FSDP2 fully_shard runs unpatched: the fix failed its "
+                              "self-check: a throwaway ABC module still fails in torch's construction at "
+                              f"{FULLY_SHARD_SITE}.fully_shard: ")
+    assert warning.removeprefix("fsdp-autopatch WARNING: ") in status["reason"]
     # The same code with torch untouched passes the check.
-    untouched = run_python(READS_ANOTHER_DICT.replace("another_dict", "cls_to_fsdp_cls"))
+    untouched = run_python(CALLS_A_COPY.replace(
+        "_fully_shard._apply_to_module = types.FunctionType", "copy = types.FunctionType"))
     (report,) = json_lines(untouched.stdout)
     assert report["status"]["applied"] is True and report["error"] is None
+    assert report["stand_in"] == ["TypeStandIn", 1]
 
 
 NEWER_UNPROBED = """
@@ -435,7 +452,7 @@ def test_unknown_layout_names_transformers_when_it_is_imported(real_torch: dict[
         import fsdp_autopatch
         print(json.dumps(fsdp_autopatch.status().to_dict()))
     """
-    moved = run_python(with_name_moved(FULLY_SHARD_SITE, "cls_to_fsdp_cls", code))
+    moved = run_python(with_name_moved(FULLY_SHARD_SITE, "_unimplemented_deepcopy", code))
     assert moved.returncode == 0, moved.stderr[-4000:]
     (status,) = json_lines(moved.stdout)
     assert "FSDP2 layout is unknown" in status["reason"]

@@ -66,9 +66,13 @@ def test_a_helper_site_needs_the_entry_to_call_the_helper() -> None:
     has, code_of = lookups({"m": ({"Wrapper", "deepcopy", "wrap", "builder"}, calls),
                             "h": ({"builder"}, TYPE_GLOBAL)})
     assert _sites.shape_problem(HELPER, has, code_of) is None
-    has, code_of = lookups({"m": ({"Wrapper", "deepcopy", "wrap"}, "def wrap(modules):\n    pass\n"),
+    idle = "def wrap(modules):\n    pass\n"
+    has, code_of = lookups({"m": ({"Wrapper", "deepcopy", "wrap", "builder"}, idle),
                             "h": ({"builder"}, TYPE_GLOBAL)})
     assert _sites.shape_problem(HELPER, has, code_of) == "wrap does not call builder"
+    # The entry calls the helper by the name its own module binds: no binding, no call.
+    has, code_of = lookups({"m": ({"Wrapper", "deepcopy", "wrap"}, calls), "h": ({"builder"}, TYPE_GLOBAL)})
+    assert _sites.shape_problem(HELPER, has, code_of) == "no builder"
 
 
 @pytest.mark.parametrize(("names", "source", "problem"), [

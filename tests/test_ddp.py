@@ -1,0 +1,202 @@
+"""Composable DDP's ``replicate`` (``torch.distributed._composable.replicate``) with the installed
+patch, on real torch and transformers, in fresh interpreters on a gloo CPU group.
+
+``replicate`` builds ``DDP<Name>(DDP, cls)`` inline, a new class on every call, so an ``abc.ABC``
+head fails there exactly as under ``fully_shard``. Each claim is checked patched and with
+``FSDP_AUTOPATCH=0``, which must bring torch's TypeError back (or, where this CPython accepts
+torch's class, show the patch standing aside). The import orders include a DDP-only process,
+which never imports FSDP2, and one that imports composable DDP from a worker thread.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_python
+
+from fsdp_autopatch import DDP_MODULE, _matrix
+from fsdp_autopatch._verify import DDP_SUFFIX, free_port
+
+pytestmark = pytest.mark.slow
+
+ABC_HEADS = ("token-classification", "sequence-classification", "question-answering")
+PLAIN = "causal-lm"
+DDP_SITE = f"{DDP_MODULE}.replicate"
+
+IMPORTS = {
+    # A DDP-only training script: composable DDP and transformers, never FSDP2.
+    "ddp-only": f"import {DDP_MODULE}\nimport transformers\n",
+    "transformers-first": f"import transformers\nimport {DDP_MODULE}\n",
+    # FSDP2 imports composable DDP itself (torch 2.6+).
+    "after-fsdp2": "import torch.distributed.fsdp, transformers\n",
+    "ddp-in-thread": f"""
+import importlib, threading
+import transformers
+worker = threading.Thread(target=importlib.import_module, args=({DDP_MODULE!r},))
+worker.start()
+worker.join()
+""",
+}
+
+REPLICATE_AND_TRAIN = """
+import json, sys
+import fsdp_autopatch
+from fsdp_autopatch import _verify
+
+mesh = _verify.init_process_group()
+print(json.dumps({"status": fsdp_autopatch.status().to_dict(),
+                  "fsdp2_imported": "torch.distributed.fsdp" in sys.modules}), flush=True)
+for run in sys.argv[1:]:
+    print(json.dumps(_verify.shard_and_train(run, mesh)), flush=True)
+"""
+
+
+def replicate_and_train(
+    order: str, runs: tuple[str, ...], **env: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The status line (and whether FSDP2 was imported), and each run's result."""
+    code = f"import sys; sys.argv[1:] = {list(runs)!r}\n{IMPORTS[order]}{REPLICATE_AND_TRAIN}"
+    result = run_python(code, env=environment(**env))
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = json_lines(result.stdout)
+    (head,) = [line for line in lines if "status" in line]
+    return head, {line["model"]: line for line in lines if "model" in line}
+
+
+def assert_trains_like_the_unreplicated_copy(result: dict[str, Any]) -> None:
+    assert result["sharded"], result.get("error")
+    assert result["is_fsdp_module"] and result["original_at_mro_2"]
+    assert result["trained"] and result["max_loss_difference"] == 0.0, result
+
+
+@pytest.fixture(scope="module")
+def ddp_in_rows(real_torch: dict[str, str]) -> None:
+    if not _matrix.DDP_ROW.covers(_matrix.release(real_torch["torch"])):
+        pytest.skip(f"torch {real_torch['torch']} is outside composable DDP's rows "
+                    f"({_matrix.DDP_ROW.versions})")
+
+
+@pytest.mark.parametrize("order", list(IMPORTS))
+def test_replicate_trains_the_affected_heads_and_a_plain_model(order: str, ddp_in_rows: None) -> None:
+    runs = tuple(kind + DDP_SUFFIX for kind in (*ABC_HEADS, PLAIN))
+    head, patched = replicate_and_train(order, runs)
+    off_head, unpatched = replicate_and_train(order, runs, FSDP_AUTOPATCH="0")
+    status = head["status"]
+    if order in ("ddp-only", "transformers-first", "ddp-in-thread"):
+        assert head["fsdp2_imported"] is False and off_head["fsdp2_imported"] is False
+    assert off_head["status"]["applied"] is False
+    plain = PLAIN + DDP_SUFFIX
+    for results in (patched, unpatched):
+        assert_trains_like_the_unreplicated_copy(results[plain])
+        assert results[plain]["upstream_bases"] is True
+    # The plain model gets torch's own class, patched or not.
+    assert patched[plain]["wrapper"] == unpatched[plain]["wrapper"]
+    if not layout_bug_here():
+        assert status["applied"] is False, status
+        for kind in ABC_HEADS:
+            assert_trains_like_the_unreplicated_copy(patched[kind + DDP_SUFFIX])
+        return
+    assert status["applied"] is True and DDP_SITE in status["sites"], status
+    for kind in ABC_HEADS:
+        run = kind + DDP_SUFFIX
+        assert unpatched[run]["sharded"] is False and LAYOUT_ERROR in unpatched[run]["error"]
+        assert_trains_like_the_unreplicated_copy(patched[run])
+        assert patched[run]["upstream_bases"] is False
+
+
+USERS_OWN = """
+import abc, json, sys, typing
+import torch
+from torch import nn
+import fsdp_autopatch
+from fsdp_autopatch import _verify
+{imports}
+composable_ddp = sys.modules[{module!r}]
+T = typing.TypeVar("T")
+
+class Head(abc.ABC, nn.Linear):
+    pass
+
+class GenericHead(typing.Generic[T], nn.Linear):
+    pass
+
+class Plain(nn.Linear):
+    pass
+
+mesh = _verify.init_process_group()
+report = {{}}
+for cls in (Head, GenericHead, Plain, Plain):
+    module = cls(4, 4)
+    try:
+        composable_ddp.replicate(module)
+        out = module(torch.ones(2, 4)).sum()
+        out.backward()
+        report.setdefault(cls.__name__, []).append([type(module).__name__, id(type(module))])
+    except TypeError as error:
+        report.setdefault(cls.__name__, []).append(str(error))
+report["status"] = fsdp_autopatch.status().to_dict()
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("order", ["ddp-only", "after-fsdp2"])
+def test_users_own_abc_and_generic_modules_under_force(order: str, ddp_in_rows: None) -> None:
+    """``FSDP_AUTOPATCH=force`` for a user's ``class Head(abc.ABC, nn.Module)`` and a
+    ``Generic[T]``-first module, with no transformers; a plain module gets a new torch class on
+    each call, as torch builds it."""
+    code = USERS_OWN.format(imports=IMPORTS[order].replace("import transformers\n", "")
+                            .replace(", transformers", ""), module=DDP_MODULE)
+    reports = {}
+    for mode in ("force", "0"):
+        result = run_python(code, env=environment(FSDP_AUTOPATCH=mode))
+        assert result.returncode == 0, result.stderr[-4000:]
+        (reports[mode],) = json_lines(result.stdout)
+    forced, off = reports["force"], reports["0"]
+    # Generic[T]-first is refused even by CPython 3.15; ABC-first where the layout bug is.
+    assert LAYOUT_ERROR in off["GenericHead"][0]
+    assert (LAYOUT_ERROR in str(off["Head"][0])) is layout_bug_here()
+    assert forced["Head"][0][0] == "DDPHead" and forced["GenericHead"][0][0] == "DDPGenericHead"
+    assert DDP_SITE in forced["status"]["sites"]
+    for report in (forced, off):
+        (first, first_id), (second, second_id) = report["Plain"]
+        assert first == second == "DDPPlain" and first_id != second_id, "one new class per call"
+
+
+TWO_RANKS = """
+import json, os, sys
+{imports}
+import fsdp_autopatch
+from fsdp_autopatch import _verify
+
+mesh = _verify.init_process_group()
+for run in sys.argv[1:]:
+    result = _verify.shard_and_train(run, mesh)
+    result["rank"] = int(os.environ["RANK"])
+    print(json.dumps(result), flush=True)
+"""
+
+
+def test_two_ranks_under_torchrun(tmp_path: Path, ddp_in_rows: None) -> None:
+    """Two gloo ranks replicate the ABC head and the plain model and train exactly like the
+    unreplicated copy; without the patch the head fails on both ranks."""
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS.format(imports=IMPORTS["ddp-only"]))
+    runs = ["token-classification" + DDP_SUFFIX, PLAIN + DDP_SUFFIX]
+    results = {}
+    for mode in (None, "0"):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                   "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *runs]
+        done = subprocess.run(command, capture_output=True, text=True, env=environment(FSDP_AUTOPATCH=mode),
+                              cwd=tmp_path, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-4000:]
+        results[mode] = {(line["rank"], line["model"]): line for line in json_lines(done.stdout)}
+    for rank in (0, 1):
+        assert_trains_like_the_unreplicated_copy(results[None][(rank, runs[0])])
+        assert_trains_like_the_unreplicated_copy(results[None][(rank, runs[1])])
+        assert_trains_like_the_unreplicated_copy(results["0"][(rank, runs[1])])
+        head = results["0"][(rank, runs[0])]
+        assert (not head["sharded"] and LAYOUT_ERROR in head["error"]) is layout_bug_here()
