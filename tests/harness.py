@@ -3,6 +3,8 @@
 Standard library only, and importable without pytest, so that every script that builds the
 package, makes environments or runs fresh interpreters does it the same way:
 
+- ``TORCH_PIN``, ``TRANSFORMERS_PIN``, ``STACKS_PINS`` and ``requirements``: the versions the test
+  sessions install and the benchmarks measure, named here only;
 - ``scrubbed_environment``: this process's environment without anything that changes what a
   child interpreter imports;
 - ``build_wheel``: the package's wheel, built from the checkout;
@@ -33,6 +35,25 @@ README = ROOT / "README.md"
 # The record the README links to; each generated section lives in one of these pages.
 DOCS = ROOT / "docs"
 BUILD_TIMEOUT = 600
+
+# The torch and transformers every test session installs (tests/noxfile.py) and the benchmarks
+# measure: a transformers whose heads inherit abc.ABC, so the patch is at work in their
+# processes. Version strings elsewhere in tests/ are data (a fake package claiming a release,
+# the matrix's cells), not these pins.
+TORCH_PIN = "2.13.0"
+TRANSFORMERS_PIN = "4.55.2"
+# The frameworks tests/stacks/ runs around a sharded model, as the stacks session installs them.
+STACKS_PINS = {
+    "accelerate": "1.10.1", "trl": "0.21.0", "peft": "0.17.1", "datasets": "5.0.1", "verl": "0.6.1",
+    # verl pins numpy < 2; pyarrow from 22 on needs numpy 2 at import time (pip does not know).
+    "pyarrow": "21.0.0",
+}
+_PINS = {"torch": TORCH_PIN, "transformers": TRANSFORMERS_PIN, **STACKS_PINS}
+
+
+def requirements(*names: str) -> tuple[str, ...]:
+    """``name==version`` for each of ``names``, at its pin above (torch, transformers or a stack's)."""
+    return tuple(f"{name}=={_PINS[name]}" for name in names)
 
 
 def scrubbed_environment(**overrides: Optional[str]) -> dict[str, str]:

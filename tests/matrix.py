@@ -1,7 +1,7 @@
 """Prove the version matrix on real installs: one virtual environment per (torch, transformers) cell.
 
-    python tests/matrix.py --reduced      # CI: torch 2.8.0 + transformers 4.55.2, torch 2.13.0 +
-                                          # transformers 4.53.3, 4.54.0, 4.55.3
+    python tests/matrix.py --reduced      # CI: torch 2.8.0 + the pinned transformers, the pinned
+                                          # torch + transformers 4.53.3, 4.54.0, 4.55.3
     python tests/matrix.py --full --update-docs     # every cell; docs/versions.md's table is the record
     python tests/matrix.py --cells 2.13.0:4.54.0,2.8.0:4.55.2
     python tests/matrix.py --capture-cli .venv/bin/python --update-docs  # docs/cli.md, README's status
@@ -49,6 +49,8 @@ from harness import (
     DOCS,
     README,
     ROOT,
+    TORCH_PIN,
+    TRANSFORMERS_PIN,
     build_wheel,
     portable_text,
     replace_section,
@@ -64,7 +66,10 @@ TORCH = ("2.4.1", "2.5.1", "2.8.0", "2.13.0", "2.15.0")
 # 4.53.3: last release before the ABC heads; 4.54.0 and 4.55.2: first and last with them;
 # 4.55.3: the fix; 4.57.6: newest 4.x; 5.24.0: newest 5.x when this list was written.
 TRANSFORMERS = ("4.53.3", "4.54.0", "4.55.2", "4.55.3", "4.57.6", "5.24.0")
-REDUCED = (("2.8.0", "4.55.2"), ("2.13.0", "4.53.3"), ("2.13.0", "4.54.0"), ("2.13.0", "4.55.3"))
+# CI's cells: the pinned transformers (harness.py) on an older torch, and the pinned torch with the
+# last release before the ABC heads, the first with them and the fix; the pinned pair itself is
+# the nox tests session's.
+REDUCED = (("2.8.0", TRANSFORMERS_PIN), (TORCH_PIN, "4.53.3"), (TORCH_PIN, "4.54.0"), (TORCH_PIN, "4.55.3"))
 # Pairs that cannot be installed together, with the reason; the full matrix lists them as pruned.
 # Every pair of TORCH x TRANSFORMERS resolves (transformers does not pin torch), so none is.
 PRUNED: dict[tuple[str, str], str] = {}

@@ -251,7 +251,7 @@ FIRST_FIXED_TRANSFORMERS = "4.55.3"
 
 
 def shadowing_transformers(request: pytest.FixtureRequest, version: str) -> Path:
-    """transformers ``version`` in a directory that shadows the environment's 4.55.2 on PYTHONPATH."""
+    """transformers ``version`` in a directory that shadows the environment's own on PYTHONPATH."""
     target = Path(request.config.cache.mkdir(f"transformers-{version}"))
     if not (target / "transformers").is_dir():
         subprocess.run(
@@ -264,13 +264,13 @@ def shadowing_transformers(request: pytest.FixtureRequest, version: str) -> Path
 
 @pytest.fixture(scope="session")
 def newer_transformers(request: pytest.FixtureRequest, real_torch: dict[str, str]) -> Path:
-    """transformers 4.57.6 (no ABC heads), ahead of the environment's 4.55.2."""
+    """transformers 4.57.6 (no ABC heads), ahead of the environment's own."""
     return shadowing_transformers(request, NEWER_TRANSFORMERS)
 
 
 @pytest.fixture(scope="session")
 def first_fixed_transformers(request: pytest.FixtureRequest, real_torch: dict[str, str]) -> Path:
-    """transformers 4.55.3 (its heads dropped abc.ABC), ahead of the environment's 4.55.2."""
+    """transformers 4.55.3 (its heads dropped abc.ABC), ahead of the environment's own."""
     return shadowing_transformers(request, FIRST_FIXED_TRANSFORMERS)
 
 
