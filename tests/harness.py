@@ -10,6 +10,7 @@ package, makes environments or runs fresh interpreters does it the same way:
 - ``build_wheel``: the package's wheel, built from the checkout;
 - ``make_venv`` / ``venv_layout``: a throwaway virtual environment, and where its parts are;
 - ``run_logged``: an install or build step whose output is kept for the error it raises;
+- ``torchrun``: a script on local gloo ranks, started by torch's own launcher;
 - ``replace_section``: generated text between two markers of README.md or a page of docs/;
 - ``split_importtime``: ``python -X importtime`` output, parsed;
 - ``portable_path`` / ``portable_command`` / ``portable_text``: paths as a reader of another
@@ -116,6 +117,30 @@ def run_logged(
     if result.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} exited {result.returncode}:\n{output[-3000:]}")
     return result.stdout
+
+
+# Ranks of a torchrun job in the tests: two, the fewest across which FSDP2 shards anything.
+RANKS = 2
+
+
+def torchrun(
+    script: Path, *args: str, env: dict[str, str], cwd: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` on ``RANKS`` local ranks under this interpreter's torch launcher (``-m
+    torch.distributed.run --standalone``: it finds a free rendezvous port itself), so each rank
+    starts as a user's training process does; returns its captured output once every rank has
+    ended. An exit other than 0 raises RuntimeError with the command, the switch and the end of
+    both streams (the ranks' tracebacks are on stderr)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS),
+               str(script), *args]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
+                            check=False)
+    if result.returncode != 0:
+        value = env.get("FSDP_AUTOPATCH")
+        switch = "FSDP_AUTOPATCH unset" if value is None else f"FSDP_AUTOPATCH={value}"
+        raise RuntimeError(f"{shlex.join(command)} ({switch}) exited {result.returncode}:\n"
+                           f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}")
+    return result
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 
 from stacks.conftest import Claim
-from stacks.launch import Run, bug_expected, torchrun
+from stacks.launch import Run, bug_expected, on_ranks
 
 pytestmark = [pytest.mark.stacks, pytest.mark.slow]
 TOLERANCE = 1e-5
@@ -33,7 +33,7 @@ def verl_runs(tmp_path_factory: pytest.TempPathFactory, installed: Path) -> Call
     def get(setting: str) -> dict[str, Any]:
         if setting not in cache:
             patched, manager = SETTINGS[setting]
-            run: Run = torchrun("rank_verl.py", manager, patched=patched,
+            run: Run = on_ranks("rank_verl.py", manager, patched=patched,
                                 cwd=tmp_path_factory.mktemp("verl"))
             assert run.error is None, run.error
             assert run.status["applied"] is (patched and bug_expected()), run.status
