@@ -407,24 +407,21 @@ def capture_cli(python: str) -> str:
     return portable_text(f"Captured on {now()}.\n\n```text\n" + "\n".join(shown) + "```")
 
 
-# What the README's API section shows: a tiny reward model sharded on one gloo rank, then the status.
+# What the README's API section shows: a tiny sequence classifier sharded on one gloo rank, then
+# the status. The model and the group are the package's own proof's (fsdp_autopatch._verify).
 STATUS_SCRIPT = """
-import json, os
+import json
 
 import torch.distributed as dist
 import torch.distributed.fsdp
 import transformers
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import fsdp_autopatch
+from fsdp_autopatch import _verify
 
-os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
-dist.init_process_group("gloo")
-mesh = init_device_mesh("cpu", (1,))
-config = transformers.Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, num_labels=1)
-model = transformers.AutoModelForSequenceClassification.from_config(config)
+mesh = _verify.init_process_group()
+model = _verify.build_model("sequence-classification")
 for layer in model.model.layers:
     fully_shard(layer, mesh=mesh)
 fully_shard(model, mesh=mesh)
@@ -438,8 +435,7 @@ def capture_status(python: str) -> str:
     ``AutoModelForSequenceClassification`` (its decoder layers, then the root) on gloo with world
     size 1, run with ``python`` (an
     environment with the package installed from its wheel), as the README shows it."""
-    script = STATUS_SCRIPT.format(port=_verify.free_port())
-    result = subprocess.run([python, "-c", script], capture_output=True, text=True,
+    result = subprocess.run([python, "-c", STATUS_SCRIPT], capture_output=True, text=True,
                             cwd=Path(python).parent, env=scrubbed_environment(NO_COLOR="1"),
                             timeout=RUN_TIMEOUT, check=False)
     if result.returncode != 0:
