@@ -16,6 +16,9 @@ from harness import torchrun
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 900
+# Sharded and unsharded copies see the same batch on every rank, so FSDP2's averaged gradients
+# are the unsharded ones: the losses agree to float32 rounding (here they are bitwise equal).
+TOLERANCE = 1e-5
 # Nothing may come from the hub or report anywhere: tiny models are built from configs.
 OFFLINE = {
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -90,6 +93,11 @@ def with_and_without(
         assert unpatched.error is None, unpatched.error
         check(unpatched)
     return patched, unpatched
+
+
+def assert_losses_match_reference(result: dict[str, Any]) -> None:
+    """The sharded model's training losses are those of its unsharded copy."""
+    assert result["trained_vs_reference"] < TOLERANCE, (result["losses"], result["reference_losses"])
 
 
 def describe_without(run: Run) -> str:
