@@ -18,14 +18,15 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-# tests/harness.py, put on sys.path by run.py: one venv maker for the tests and benchmarks.
-from harness import make_venv, run_logged, venv_layout
+# tests/harness.py, put on sys.path by run.py: one venv maker, and one set of pinned versions,
+# for the tests and benchmarks.
+from harness import make_venv, requirements, run_logged, venv_layout
 
 RECIPE_FILE = "bench-recipe.json"
 
-# transformers 4.55.2 is the last release whose heads inherit abc.ABC, so the patch is really
-# installed in its processes; torch 2.13.0 is the torch the tests run on.
-TORCH_REQUIREMENTS = ("torch==2.13.0", "transformers==4.55.2")
+# The torch and transformers the tests run on: that transformers' heads inherit abc.ABC, so the
+# patch is really installed in the benchmarks' processes.
+TORCH_REQUIREMENTS = requirements("torch", "transformers")
 # The naive design: a start-up file that imports wrapt and registers its hook straight away.
 NAIVE_PTH_NAME = "naive_autopatch.pth"
 NAIVE_PTH_LINE = (

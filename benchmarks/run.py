@@ -44,7 +44,7 @@ from bench_harness import (  # noqa: E402
     run_checked,
     wall_seconds,
 )
-from harness import build_wheel, portable_command, portable_path  # noqa: E402
+from harness import TORCH_PIN, TRANSFORMERS_PIN, build_wheel, portable_command, portable_path  # noqa: E402
 from harness import scrubbed_environment as clean_environment  # noqa: E402
 
 TORCH_CHILD = HERE / "bench_torch.py"
@@ -445,8 +445,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     # and the benchmarks run their children from a directory outside the checkout.
     parser.add_argument("--python", type=os.path.abspath,
                         help="interpreter with torch, transformers and fsdp-autopatch installed "
-                        "(default: this one if it has them, else a venv built with torch 2.13.0 and "
-                        "transformers 4.55.2)")
+                        "(default: this one if it has them, else a venv built with torch "
+                        f"{TORCH_PIN} and transformers {TRANSFORMERS_PIN})")
     parser.add_argument("--venvs", type=Path, help="keep the benchmark venvs in this directory and reuse "
                         "them next time (default: a temporary directory, removed afterwards)")
     parser.add_argument("--results", type=Path, metavar="DIR",

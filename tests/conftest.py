@@ -3,7 +3,7 @@
 Claims about start-up and about fully_shard are checked in fresh subprocesses of
 ``sys.executable``, so the installed ``fsdp_autopatch.pth`` is what runs, exactly as for a user.
 ``nox -f tests/noxfile.py -s tests`` builds that environment: the package from a wheel, torch
-2.13.0 (CPU) and transformers 4.55.2.
+(CPU) and transformers at their pins (``harness.TORCH_PIN``, ``harness.TRANSFORMERS_PIN``).
 """
 
 from __future__ import annotations

@@ -3,11 +3,14 @@
 Standard library only, and importable without pytest, so that every script that builds the
 package, makes environments or runs fresh interpreters does it the same way:
 
+- ``TORCH_PIN``, ``TRANSFORMERS_PIN``, ``STACKS_PINS`` and ``requirements``: the versions the test
+  sessions install and the benchmarks measure, named here only;
 - ``scrubbed_environment``: this process's environment without anything that changes what a
   child interpreter imports;
 - ``build_wheel``: the package's wheel, built from the checkout;
 - ``make_venv`` / ``venv_layout``: a throwaway virtual environment, and where its parts are;
 - ``run_logged``: an install or build step whose output is kept for the error it raises;
+- ``torchrun``: a script on local gloo ranks, started by torch's own launcher;
 - ``replace_section``: generated text between two markers of README.md or a page of docs/;
 - ``split_importtime``: ``python -X importtime`` output, parsed;
 - ``portable_path`` / ``portable_command`` / ``portable_text``: paths as a reader of another
@@ -33,6 +36,25 @@ README = ROOT / "README.md"
 # The record the README links to; each generated section lives in one of these pages.
 DOCS = ROOT / "docs"
 BUILD_TIMEOUT = 600
+
+# The torch and transformers every test session installs (tests/noxfile.py) and the benchmarks
+# measure: a transformers whose heads inherit abc.ABC, so the patch is at work in their
+# processes. Version strings elsewhere in tests/ are data (a fake package claiming a release,
+# the matrix's cells), not these pins.
+TORCH_PIN = "2.13.0"
+TRANSFORMERS_PIN = "4.55.2"
+# The frameworks tests/stacks/ runs around a sharded model, as the stacks session installs them.
+STACKS_PINS = {
+    "accelerate": "1.10.1", "trl": "0.21.0", "peft": "0.17.1", "datasets": "5.0.1", "verl": "0.6.1",
+    # verl pins numpy < 2; pyarrow from 22 on needs numpy 2 at import time (pip does not know).
+    "pyarrow": "21.0.0",
+}
+_PINS = {"torch": TORCH_PIN, "transformers": TRANSFORMERS_PIN, **STACKS_PINS}
+
+
+def requirements(*names: str) -> tuple[str, ...]:
+    """``name==version`` for each of ``names``, at its pin above (torch, transformers or a stack's)."""
+    return tuple(f"{name}=={_PINS[name]}" for name in names)
 
 
 def scrubbed_environment(**overrides: Optional[str]) -> dict[str, str]:
@@ -95,6 +117,30 @@ def run_logged(
     if result.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} exited {result.returncode}:\n{output[-3000:]}")
     return result.stdout
+
+
+# Ranks of a torchrun job in the tests: two, the fewest across which FSDP2 shards anything.
+RANKS = 2
+
+
+def torchrun(
+    script: Path, *args: str, env: dict[str, str], cwd: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` on ``RANKS`` local ranks under this interpreter's torch launcher (``-m
+    torch.distributed.run --standalone``: it finds a free rendezvous port itself), so each rank
+    starts as a user's training process does; returns its captured output once every rank has
+    ended. An exit other than 0 raises RuntimeError with the command, the switch and the end of
+    both streams (the ranks' tracebacks are on stderr)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS),
+               str(script), *args]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
+                            check=False)
+    if result.returncode != 0:
+        value = env.get("FSDP_AUTOPATCH")
+        switch = "FSDP_AUTOPATCH unset" if value is None else f"FSDP_AUTOPATCH={value}"
+        raise RuntimeError(f"{shlex.join(command)} ({switch}) exited {result.returncode}:\n"
+                           f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}")
+    return result
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Prove the version matrix on real installs: one virtual environment per (torch, transformers) cell.
 
-    python tests/matrix.py --reduced      # CI: torch 2.8.0 + transformers 4.55.2, torch 2.13.0 +
-                                          # transformers 4.53.3, 4.54.0, 4.55.3
+    python tests/matrix.py --reduced      # CI: torch 2.8.0 + the pinned transformers, the pinned
+                                          # torch + transformers 4.53.3, 4.54.0, 4.55.3
     python tests/matrix.py --full --update-docs     # every cell; docs/versions.md's table is the record
     python tests/matrix.py --cells 2.13.0:4.54.0,2.8.0:4.55.2
     python tests/matrix.py --capture-cli .venv/bin/python --update-docs  # docs/cli.md, README's status
@@ -49,6 +49,8 @@ from harness import (
     DOCS,
     README,
     ROOT,
+    TORCH_PIN,
+    TRANSFORMERS_PIN,
     build_wheel,
     portable_text,
     replace_section,
@@ -64,7 +66,10 @@ TORCH = ("2.4.1", "2.5.1", "2.8.0", "2.13.0", "2.15.0")
 # 4.53.3: last release before the ABC heads; 4.54.0 and 4.55.2: first and last with them;
 # 4.55.3: the fix; 4.57.6: newest 4.x; 5.24.0: newest 5.x when this list was written.
 TRANSFORMERS = ("4.53.3", "4.54.0", "4.55.2", "4.55.3", "4.57.6", "5.24.0")
-REDUCED = (("2.8.0", "4.55.2"), ("2.13.0", "4.53.3"), ("2.13.0", "4.54.0"), ("2.13.0", "4.55.3"))
+# CI's cells: the pinned transformers (harness.py) on an older torch, and the pinned torch with the
+# last release before the ABC heads, the first with them and the fix; the pinned pair itself is
+# the nox tests session's.
+REDUCED = (("2.8.0", TRANSFORMERS_PIN), (TORCH_PIN, "4.53.3"), (TORCH_PIN, "4.54.0"), (TORCH_PIN, "4.55.3"))
 # Pairs that cannot be installed together, with the reason; the full matrix lists them as pruned.
 # Every pair of TORCH x TRANSFORMERS resolves (transformers does not pin torch), so none is.
 PRUNED: dict[tuple[str, str], str] = {}
@@ -402,24 +407,21 @@ def capture_cli(python: str) -> str:
     return portable_text(f"Captured on {now()}.\n\n```text\n" + "\n".join(shown) + "```")
 
 
-# What the README's API section shows: a tiny reward model sharded on one gloo rank, then the status.
+# What the README's API section shows: a tiny sequence classifier sharded on one gloo rank, then
+# the status. The model and the group are the package's own proof's (fsdp_autopatch._verify).
 STATUS_SCRIPT = """
-import json, os
+import json
 
 import torch.distributed as dist
 import torch.distributed.fsdp
 import transformers
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import fsdp_autopatch
+from fsdp_autopatch import _verify
 
-os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
-dist.init_process_group("gloo")
-mesh = init_device_mesh("cpu", (1,))
-config = transformers.Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, num_labels=1)
-model = transformers.AutoModelForSequenceClassification.from_config(config)
+mesh = _verify.init_process_group()
+model = _verify.build_model("sequence-classification")
 for layer in model.model.layers:
     fully_shard(layer, mesh=mesh)
 fully_shard(model, mesh=mesh)
@@ -433,8 +435,7 @@ def capture_status(python: str) -> str:
     ``AutoModelForSequenceClassification`` (its decoder layers, then the root) on gloo with world
     size 1, run with ``python`` (an
     environment with the package installed from its wheel), as the README shows it."""
-    script = STATUS_SCRIPT.format(port=_verify.free_port())
-    result = subprocess.run([python, "-c", script], capture_output=True, text=True,
+    result = subprocess.run([python, "-c", STATUS_SCRIPT], capture_output=True, text=True,
                             cwd=Path(python).parent, env=scrubbed_environment(NO_COLOR="1"),
                             timeout=RUN_TIMEOUT, check=False)
     if result.returncode != 0:

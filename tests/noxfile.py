@@ -1,7 +1,7 @@
 """Test sessions, each in its own virtual environment under tests/.nox/.
 
-    nox -f tests/noxfile.py -s tests      # the default: all but the stress loops, torch 2.13.0 +
-                                          # transformers 4.55.2, two pytest workers
+    nox -f tests/noxfile.py -s tests      # the default: all but the stress loops, the pinned torch
+                                          # and transformers, two pytest workers
     nox -f tests/noxfile.py -s stress     # the stress loops: threads, processes, pip life cycles
     nox -f tests/noxfile.py -s fast       # the tests that need no torch, on Python 3.9 - 3.13
     nox -f tests/noxfile.py -s wrapt_floor  # the hooks on the oldest wrapt pyproject.toml allows
@@ -9,7 +9,8 @@
 
 The package is always installed from a freshly built wheel, never from the checkout, so the
 tests see what users install: the .pth at the root of site-packages included. Arguments after
-``--`` go to pytest (``nox -f tests/noxfile.py -s tests -- tests/test_layout.py -x``).
+``--`` go to pytest (``nox -f tests/noxfile.py -s tests -- tests/test_layout.py -x``). Every
+version installed is pinned in harness.py (``TORCH_PIN``, ``TRANSFORMERS_PIN``, ``STACKS_PINS``).
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ import nox
 # nox loads this file by path; its neighbour harness.py (shared with the tests, the matrix and
 # the benchmarks) is importable once tests/ is on the path.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, build_wheel
+from harness import ROOT, STACKS_PINS, build_wheel, requirements
 
 PYTHONS = ["3.9", "3.10", "3.11", "3.12", "3.13"]
 # No index is named here: from PyPI alone pip takes a CUDA build (about 5 GB); with
 # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu in the environment, torch's CPU build.
-TORCH = "torch==2.13.0"
-TRANSFORMERS = "transformers==4.55.2"
+TORCH_STACK = requirements("torch", "transformers")
 REQUIRE = {"FSDP_AUTOPATCH_TEST_REQUIRE": "1"}
 # Progress on every test (-v) and the slowest tests at the end; conftest.py adds a line every
 # 30 s for a test still running.
@@ -41,12 +41,12 @@ nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
 
-def install_wheel(session: nox.Session, *requirements: str) -> None:
-    """Build the package's wheel with the session's pip and install it with ``requirements``."""
+def install_wheel(session: nox.Session, *packages: str) -> None:
+    """Build the package's wheel with the session's pip and install it with ``packages``."""
     python = str(Path(session.bin) / "python")
     session.log("building the fsdp-autopatch wheel from the checkout")
     wheel = build_wheel(Path(session.create_tmp()) / "dist", python=python)
-    session.install(str(wheel), *requirements)
+    session.install(str(wheel), *packages)
     # From the checkout's root, where test paths given after "--" are meant; pytest puts tests/
     # (not the root) on sys.path, so the package under test is the installed wheel.
     session.chdir(ROOT)
@@ -56,7 +56,7 @@ def install_wheel(session: nox.Session, *requirements: str) -> None:
 def tests(session: nox.Session) -> None:
     """All tests but the stress loops: real torch, transformers and gloo in subprocesses."""
     # build: the packaging tests build the sdist and the wheel as a release would.
-    install_wheel(session, TORCH, TRANSFORMERS, "pytest", "pytest-xdist", "build")
+    install_wheel(session, *TORCH_STACK, "pytest", "pytest-xdist", "build")
     # Two workers: the tests are subprocess-bound, and each starts its own interpreters, venvs
     # and gloo groups on free ports, so none waits on another.
     session.run("pytest", "-n", "2", *REPORTING, "-m", "not stress", *session.posargs, env=REQUIRE)
@@ -65,16 +65,8 @@ def tests(session: nox.Session) -> None:
 @nox.session(python="3.11", venv_backend="venv")
 def stress(session: nox.Session) -> None:
     """The stress loops: many racing threads and processes, pip install/upgrade/uninstall cycles."""
-    install_wheel(session, TORCH, TRANSFORMERS, "pytest", "pytest-xdist")
+    install_wheel(session, *TORCH_STACK, "pytest", "pytest-xdist")
     session.run("pytest", "-n", "2", *REPORTING, "-m", "stress", *session.posargs, env=REQUIRE)
-
-
-ACCELERATE = "accelerate==1.10.1"
-STACKS = (
-    ACCELERATE, "trl==0.21.0", "peft==0.17.1", "datasets==5.0.1", "verl==0.6.1",
-    # verl pins numpy < 2; pyarrow from 22 on needs numpy 2 at import time (pip does not know).
-    "pyarrow==21.0.0",
-)
 
 
 @nox.session(python="3.11", venv_backend="venv")
@@ -97,7 +89,7 @@ def stacks(session: nox.Session) -> None:
         args.remove("ci")
         args += ["-m", "stacks_ci"]
     # The CI cases need accelerate only; verl alone brings ray, wandb and tensordict.
-    install_wheel(session, TORCH, TRANSFORMERS, *((ACCELERATE,) if ci else STACKS), "pytest")
+    install_wheel(session, *TORCH_STACK, *requirements(*(("accelerate",) if ci else STACKS_PINS)), "pytest")
     session.run("pytest", *REPORTING, "tests/stacks", *args, env=env)
 
 
@@ -113,7 +105,7 @@ def oldest_wrapt() -> str:
 def wrapt_floor(session: nox.Session) -> None:
     """The hooks and every import order on the oldest wrapt allowed (1.14 runs post-import
     hooks under its global lock)."""
-    install_wheel(session, TORCH, TRANSFORMERS, "pytest", "pytest-xdist", oldest_wrapt())
+    install_wheel(session, *TORCH_STACK, "pytest", "pytest-xdist", oldest_wrapt())
     session.run("python", "-c", "import wrapt; print('wrapt', wrapt.__version__)")
     session.run(
         "pytest", "-n", "2", *REPORTING, "-m", "not stress", "tests/test_hooks.py",

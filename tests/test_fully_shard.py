@@ -27,6 +27,7 @@ from conftest import (
     run_scenario,
     shard_abc_head,
 )
+from harness import torchrun
 
 from fsdp_autopatch import DDP_MODULE
 
@@ -104,22 +105,17 @@ def test_causal_lm_gets_torchs_exact_class(unpatched: dict[str, dict[str, Any]])
     assert_bug_without_patch(unpatched)
 
 
-def torchrun(tmp_path: Path, env: dict[str, str]) -> list[dict[str, Any]]:
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(SCENARIO), *AFFECTED],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json_lines(result.stdout)
+def scenario_on_ranks(tmp_path: Path, env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The proof of the affected heads on two ranks under torchrun, by model."""
+    return by_model(json_lines(torchrun(SCENARIO, *AFFECTED, env=env, cwd=tmp_path, timeout=600).stdout))
 
 
 def test_two_ranks_under_torchrun(tmp_path: Path, real_torch: dict[str, str]) -> None:
-    patched = by_model(torchrun(tmp_path, environment()))
+    patched = scenario_on_ranks(tmp_path, environment())
     for kind in AFFECTED:
         assert_trains_like_unsharded(patched[kind])
         assert patched[kind]["upstream_bases"] is not layout_bug_here()
-    assert_bug_without_patch(by_model(torchrun(tmp_path, DISABLED)))
+    assert_bug_without_patch(scenario_on_ranks(tmp_path, DISABLED))
 
 
 USER_MODULES = """
@@ -255,7 +251,7 @@ FIRST_FIXED_TRANSFORMERS = "4.55.3"
 
 
 def shadowing_transformers(request: pytest.FixtureRequest, version: str) -> Path:
-    """transformers ``version`` in a directory that shadows the environment's 4.55.2 on PYTHONPATH."""
+    """transformers ``version`` in a directory that shadows the environment's own on PYTHONPATH."""
     target = Path(request.config.cache.mkdir(f"transformers-{version}"))
     if not (target / "transformers").is_dir():
         subprocess.run(
@@ -268,13 +264,13 @@ def shadowing_transformers(request: pytest.FixtureRequest, version: str) -> Path
 
 @pytest.fixture(scope="session")
 def newer_transformers(request: pytest.FixtureRequest, real_torch: dict[str, str]) -> Path:
-    """transformers 4.57.6 (no ABC heads), ahead of the environment's 4.55.2."""
+    """transformers 4.57.6 (no ABC heads), ahead of the environment's own."""
     return shadowing_transformers(request, NEWER_TRANSFORMERS)
 
 
 @pytest.fixture(scope="session")
 def first_fixed_transformers(request: pytest.FixtureRequest, real_torch: dict[str, str]) -> Path:
-    """transformers 4.55.3 (its heads dropped abc.ABC), ahead of the environment's 4.55.2."""
+    """transformers 4.55.3 (its heads dropped abc.ABC), ahead of the environment's own."""
     return shadowing_transformers(request, FIRST_FIXED_TRANSFORMERS)
 
 

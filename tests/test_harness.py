@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from harness import (
     ROOT,
+    STACKS_PINS,
     make_venv,
     portable_command,
     portable_path,
@@ -142,3 +143,18 @@ def test_the_scrubbed_environment_drops_what_changes_imports(monkeypatch: pytest
     env = scrubbed_environment(FSDP_AUTOPATCH="0", KEPT=None, PYTHONPATH="here")
     assert env["FSDP_AUTOPATCH"] == "0" and env["PYTHONPATH"] == "here"
     assert not {"FSDP_AUTOPATCH_LOG", "PYTHONSTARTUP", "VIRTUAL_ENV", "KEPT"} & set(env)
+
+
+def test_pinned_versions_are_spelled_only_in_the_harness() -> None:
+    """The noxfile, the tests, the matrix and the benchmarks install what harness.py pins; none
+    writes a ``name==version`` of its own."""
+    names = "|".join(("torch", "transformers", *STACKS_PINS))
+    requirement = re.compile(rf"\b(?:{names})==[0-9]")
+    # By pattern, not a walk of tests/: its .nox/ holds whole environments.
+    sources = [path for pattern in ("tests/*.py", "tests/stacks/*.py", "benchmarks/*.py")
+               for path in ROOT.glob(pattern) if path.name != "harness.py"]
+    assert len(sources) > 20, "the tests and benchmarks were not found"
+    spelled = [f"{path.relative_to(ROOT)}:{number}" for path in sources
+               for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               if requirement.search(line)]
+    assert spelled == [], f"pinned versions spelled outside tests/harness.py: {spelled}"

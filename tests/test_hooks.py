@@ -72,13 +72,14 @@ def ours(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "fsdp-autopatch" in line or "FSDP_AUTOPATCH" in line]
 
 
-def test_silent_by_default_and_one_info_line_when_asked(installed: Path) -> None:
+def test_silent_by_default_and_one_info_line_when_asked(real_torch: dict[str, str]) -> None:
     quiet = run_python(IMPORT_BOTH)
     assert quiet.stdout == f"{layout_bug_here()}\n" and ours(quiet.stderr) == []
     told = run_python(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH_LOG="info"))
     (line,) = ours(told.stderr)
     action = "patched fully_shard" if layout_bug_here() else "not patching"
-    assert line.startswith(f"fsdp-autopatch INFO: {action}") and "transformers 4.55.2" in line
+    assert line.startswith(f"fsdp-autopatch INFO: {action}")
+    assert f"transformers {real_torch['transformers']}" in line
     assert "(decided by the probe)" in line and "(probed)" in line
 
 
@@ -148,36 +149,43 @@ def test_probe_answers_what_fully_shard_does(real_torch: dict[str, str]) -> None
     assert layout_bug_here() is bug
 
 
-# Runs ``module`` as usual, then renames its global ``name``, as a torch that moved it would;
-# before any post-import hook sees the module.
-MOVE_NAME = """
+# Code that defines ``intercept(name, before, after)``: the module ``name`` is then imported by its
+# own loader with ``before(module)`` and ``after(module)`` called around it, on whichever thread
+# imports it, before any post-import hook sees the module.
+INTERCEPT_IMPORT = textwrap.dedent("""
     import importlib.machinery, sys
 
-    class Mover:
-        def find_spec(self, fullname, path=None, target=None):
-            if fullname != {module!r}:
-                return None
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-            real = spec.loader
-
-            class Loader:
-                def create_module(self, spec):
+    def intercept(name, before=lambda module: None, after=lambda module: None):
+        class Intercepting:
+            def find_spec(self, fullname, path=None, target=None):
+                if fullname != name:
                     return None
+                spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+                real = spec.loader
 
-                def exec_module(self, module):
-                    real.exec_module(module)
-                    module.moved_elsewhere = module.__dict__.pop({name!r})
+                class Loader:
+                    def create_module(self, spec):
+                        return None
 
-            spec.loader = Loader()
-            return spec
+                    def exec_module(self, module):
+                        before(module)
+                        real.exec_module(module)
+                        after(module)
 
-    sys.meta_path.insert(0, Mover())
-"""
+                spec.loader = Loader()
+                return spec
+
+        sys.meta_path.insert(0, Intercepting())
+""")
 FULLY_SHARD_SITE = "torch.distributed.fsdp._fully_shard._fully_shard"
 
 
 def with_name_moved(module: str, name: str, code: str) -> str:
-    return textwrap.dedent(MOVE_NAME.format(module=module, name=name)) + textwrap.dedent(code)
+    """``code`` run after ``module``'s global ``name`` is renamed once it has run, as a torch that
+    moved it would."""
+    move = (f"intercept({module!r}, after=lambda module: "
+            f"setattr(module, 'moved_elsewhere', module.__dict__.pop({name!r})))\n")
+    return INTERCEPT_IMPORT + move + textwrap.dedent(code)
 
 
 def warnings_of(stderr: str) -> list[str]:
@@ -306,34 +314,15 @@ def test_replicate_import_running_when_the_patch_is_armed_is_patched_when_it_end
     """``apply()`` (no start-up file) while another thread is inside replicate_with_fsdp's import:
     wrapt calls the hook at once, on the half-run module, and never again; the patch waits for
     that import to finish and then patches replicate()'s site, with no warning."""
-    result = run_python("""
-        import json, sys, threading, time, importlib.machinery
+    result = run_python(INTERCEPT_IMPORT + textwrap.dedent("""
+        import importlib, json, threading, time
         import fsdp_autopatch
         fsdp_autopatch.disarm()  # as in an interpreter that read no start-up file
         import torch.distributed.fsdp, transformers
         NAME = "torch.distributed._composable.replicate_with_fsdp"
         entered, release = threading.Event(), threading.Event()
-
-        class Blocking:
-            def find_spec(self, fullname, path=None, target=None):
-                if fullname != NAME:
-                    return None
-                spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-                real = spec.loader
-
-                class Loader:
-                    def create_module(self, spec):
-                        return None
-
-                    def exec_module(self, module):
-                        entered.set()
-                        release.wait()
-                        real.exec_module(module)
-
-                spec.loader = Loader()
-                return spec
-
-        sys.meta_path.insert(0, Blocking())
+        # The worker's import stops before the module runs, until this thread releases it.
+        intercept(NAME, before=lambda module: (entered.set(), release.wait()))
         worker = threading.Thread(target=importlib.import_module, args=(NAME,))
         worker.start()
         entered.wait()
@@ -344,7 +333,7 @@ def test_replicate_import_running_when_the_patch_is_armed_is_patched_when_it_end
         while len(fsdp_autopatch.status().sites) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         print(json.dumps({"at_apply": at_apply, "after": fsdp_autopatch.status().to_dict()}))
-    """, env=environment(FSDP_AUTOPATCH_LOG="warning"))
+    """), env=environment(FSDP_AUTOPATCH_LOG="warning"))
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     assert warnings_of(result.stderr) == []

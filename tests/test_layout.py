@@ -277,14 +277,16 @@ def test_class_without_dict_is_refused_where_cpython_refuses_it() -> None:
         build(Wrapper, cls)
 
 
+class OwnApply(typing.Generic[T], Module):
+    """A head whose ``_apply`` the wrapper's ``super()._apply()`` reaches in upstream's MRO."""
+
+    def _apply(self) -> tuple[str, ...]:
+        return ("own", *super()._apply())
+
+
 def test_class_whose_super_target_would_be_skipped_is_refused() -> None:
     """Upstream's MRO runs the original class's ``_apply`` from FSDPModule's ``super()``; a
     built class would skip it, so none is built and torch fails as it always did."""
-
-    class OwnApply(typing.Generic[T], Module):
-        def _apply(self) -> tuple[str, ...]:
-            return ("own", *super()._apply())
-
     assert not cpython_accepts(OwnApply, upstream(Wrapper, OwnApply))
     with pytest.raises(TypeError, match="_apply"):
         build(Wrapper, OwnApply)
@@ -422,11 +424,6 @@ def test_head_that_only_shares_a_name_with_the_wrapper_gets_a_class(wrapper: typ
 def test_replicate_chain_still_refuses_a_head_it_would_skip() -> None:
     """Upstream's ``super()._apply()`` from the wrapper chain reaches the head's ``_apply``;
     a built class would skip it, so none is built."""
-
-    class OwnApply(typing.Generic[T], Module):
-        def _apply(self) -> tuple[str, ...]:
-            return ("own", *super()._apply())
-
     assert not cpython_accepts(OwnApply, upstream(ReplicateOwnApply, OwnApply))
     with pytest.raises(TypeError, match="OwnApply defines _apply"):
         build(ReplicateOwnApply, OwnApply)

@@ -16,12 +16,12 @@ from typing import Any, Optional
 
 import pytest
 from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here
+from harness import RANKS, torchrun
 
 from fsdp_autopatch._verify import free_port
 
 pytestmark = pytest.mark.slow
 
-WORLD = 2
 JOB_TIMEOUT = 600
 
 RANK_SCRIPT = '''
@@ -113,24 +113,22 @@ def launch(where: Path, launcher: str, **variables: Optional[str]) -> list[dict[
     """Start a two-rank job with ``launcher``; the JSON lines its ranks (and launcher) printed."""
     (where / "rank_step.py").write_text(textwrap.dedent(RANK_SCRIPT))
     (where / "launch.py").write_text(textwrap.dedent(LAUNCH_SCRIPT))
-    port = str(free_port())
     if launcher == "torchrun":
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}",
-                   "--master-addr=127.0.0.1", f"--master-port={port}", str(where / "rank_step.py")]
-        variables["LAUNCHER"] = launcher
+        result = torchrun(where / "rank_step.py", env=environment(LAUNCHER=launcher, **variables), cwd=where,
+                          timeout=JOB_TIMEOUT)
     else:
-        command = [sys.executable, str(where / "launch.py"), launcher, str(WORLD), port]
-    result = subprocess.run(command, capture_output=True, text=True, env=environment(**variables),
-                            cwd=where, timeout=JOB_TIMEOUT, check=False)
+        command = [sys.executable, str(where / "launch.py"), launcher, str(RANKS), str(free_port())]
+        result = subprocess.run(command, capture_output=True, text=True, env=environment(**variables),
+                                cwd=where, timeout=JOB_TIMEOUT, check=False)
     output = f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
     assert result.returncode == 0, output
     lines = json_lines(result.stdout)
     ranks = sorted((line for line in lines if line["launcher"] == launcher), key=lambda line: line["rank"])
-    assert [line["rank"] for line in ranks] == list(range(WORLD)), output
+    assert [line["rank"] for line in ranks] == list(range(RANKS)), output
     assert len({line["pid"] for line in lines}) == len(lines), "each report comes from its own process"
     parents = [line for line in lines if line["launcher"] == "parent"]
     for parent in parents:
-        assert parent["codes"] == [0] * WORLD, output
+        assert parent["codes"] == [0] * RANKS, output
         # The launcher never imported FSDP2: whatever patched the ranks happened in the ranks.
         assert not parent["status"]["applied"], parent
     return ranks

@@ -7,17 +7,18 @@ rank starts as a user's process does and the installed ``fsdp_autopatch.pth`` is
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from conftest import LAYOUT_ERROR, environment, json_lines
+from harness import torchrun
 
 HERE = Path(__file__).resolve().parent
-RANKS = 2
 TIMEOUT = 900
+# Sharded and unsharded copies see the same batch on every rank, so FSDP2's averaged gradients
+# are the unsharded ones: the losses agree to float32 rounding (here they are bitwise equal).
+TOLERANCE = 1e-5
 # Nothing may come from the hub or report anywhere: tiny models are built from configs.
 OFFLINE = {
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -56,18 +57,11 @@ def bug_expected() -> bool:
     return bool(layout_bug_here())
 
 
-def torchrun(script: str, *args: str, patched: bool, cwd: Path, **variables: Optional[str]) -> Run:
-    """Run ``tests/stacks/<script>`` on 2 ranks, the package on (default mode) or off."""
+def on_ranks(script: str, *args: str, patched: bool, cwd: Path, **variables: Optional[str]) -> Run:
+    """Run ``tests/stacks/<script>`` on 2 ranks under torchrun, the package on (default mode) or off."""
     env = environment(FSDP_AUTOPATCH=None if patched else "0", **OFFLINE, **variables)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-               str(RANKS), str(HERE / script), *args]
     cwd.mkdir(parents=True, exist_ok=True)
-    completed = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd,
-                               timeout=TIMEOUT, check=False)
-    assert completed.returncode == 0, (
-        f"{script} {args} ({'patched' if patched else 'FSDP_AUTOPATCH=0'}) exited "
-        f"{completed.returncode}:\n{completed.stderr[-6000:]}"
-    )
+    completed = torchrun(HERE / script, *args, env=env, cwd=cwd, timeout=TIMEOUT)
     run = Run(stderr=completed.stderr)
     for line in json_lines(completed.stdout):
         if "status" in line:
@@ -86,11 +80,11 @@ def with_and_without(
     """The case patched, then with ``FSDP_AUTOPATCH=0``; ``check`` must hold for the patched run,
     and for the unpatched one too where the bug is absent; where it is present, the unpatched run
     must end with the layout error."""
-    patched = torchrun(script, *args, patched=True, cwd=cwd / "patched", **variables)
+    patched = on_ranks(script, *args, patched=True, cwd=cwd / "patched", **variables)
     assert patched.error is None, f"patched run failed: {patched.error}\n{patched.stderr[-4000:]}"
     assert patched.status.get("applied") is bug_expected(), patched.status
     check(patched)
-    unpatched = torchrun(script, *args, patched=False, cwd=cwd / "unpatched", **variables)
+    unpatched = on_ranks(script, *args, patched=False, cwd=cwd / "unpatched", **variables)
     assert unpatched.status.get("applied") is False, unpatched.status
     if bug_expected():
         assert unpatched.layout_error, (
@@ -99,6 +93,11 @@ def with_and_without(
         assert unpatched.error is None, unpatched.error
         check(unpatched)
     return patched, unpatched
+
+
+def assert_losses_match_reference(result: dict[str, Any]) -> None:
+    """The sharded model's training losses are those of its unsharded copy."""
+    assert result["trained_vs_reference"] < TOLERANCE, (result["losses"], result["reference_losses"])
 
 
 def describe_without(run: Run) -> str:

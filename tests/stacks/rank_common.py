@@ -17,24 +17,26 @@ import sys
 import traceback
 from typing import Any, Callable, Iterable
 
-VOCABULARY = 128
+# The package's own proof builds the same tiny models; its module imports only the standard library.
+from fsdp_autopatch import _verify
+
+VOCABULARY = _verify.VOCABULARY
 BATCH, SEQUENCE = 4, 8
 
 
 def tiny_config(**overrides: Any) -> Any:
-    """A two-layer Qwen2 config: seconds to build and train on a CPU, no download."""
-    from transformers import Qwen2Config
-
-    settings: dict[str, Any] = dict(
-        vocab_size=VOCABULARY, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, num_labels=1, pad_token_id=0,
+    """The two-layer Qwen2 config of ``fsdp_autopatch._verify`` (seconds to build and train on a
+    CPU, no download) as a reward model's, one score per sequence; then ``overrides``."""
+    config = _verify.tiny_config()
+    config.update({
+        "num_labels": 1,
         # No dropout anywhere, so the sharded and unsharded copies compute the same numbers.
-        classifier_dropout=0.0, attention_dropout=0.0,
+        "attention_dropout": 0.0,
         # Activation checkpointing with Qwen2's default use_cache=True fails; training needs no cache.
-        use_cache=False,
-    )
-    settings.update(overrides)
-    return Qwen2Config(**settings)
+        "use_cache": False,
+        **overrides,
+    })
+    return config
 
 
 def batch(step: int) -> dict[str, Any]:

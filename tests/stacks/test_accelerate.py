@@ -11,10 +11,16 @@ from pathlib import Path
 import pytest
 
 from stacks.conftest import Claim
-from stacks.launch import Run, assert_reward_model_sharded_by_accelerate, describe_without, with_and_without
+from stacks.launch import (
+    TOLERANCE,
+    Run,
+    assert_losses_match_reference,
+    assert_reward_model_sharded_by_accelerate,
+    describe_without,
+    with_and_without,
+)
 
 pytestmark = [pytest.mark.stacks, pytest.mark.slow]
-TOLERANCE = 1e-5
 
 
 @pytest.mark.stacks_ci
@@ -25,7 +31,7 @@ def test_accelerate_fsdp2_prepares_trains_saves_and_reloads(
         result = run.result
         assert_reward_model_sharded_by_accelerate(result)
         assert len(result["losses"]) == 3
-        assert result["trained_vs_reference"] < TOLERANCE, (result["losses"], result["reference_losses"])
+        assert_losses_match_reference(result)
         assert result["state_keys_equal"] is True
         assert result["state_vs_reference"] < TOLERANCE
         assert result["reloaded_vs_reference"] < TOLERANCE

@@ -11,10 +11,9 @@ from typing import Any, Callable
 import pytest
 
 from stacks.conftest import Claim
-from stacks.launch import Run, bug_expected, torchrun
+from stacks.launch import Run, assert_losses_match_reference, bug_expected, on_ranks
 
 pytestmark = [pytest.mark.stacks, pytest.mark.slow]
-TOLERANCE = 1e-5
 LAYOUT = "object layout differs"
 # setting: (package on, verl's manager)
 SETTINGS = {
@@ -33,7 +32,7 @@ def verl_runs(tmp_path_factory: pytest.TempPathFactory, installed: Path) -> Call
     def get(setting: str) -> dict[str, Any]:
         if setting not in cache:
             patched, manager = SETTINGS[setting]
-            run: Run = torchrun("rank_verl.py", manager, patched=patched,
+            run: Run = on_ranks("rank_verl.py", manager, patched=patched,
                                 cwd=tmp_path_factory.mktemp("verl"))
             assert run.error is None, run.error
             assert run.status["applied"] is (patched and bug_expected()), run.status
@@ -45,7 +44,7 @@ def verl_runs(tmp_path_factory: pytest.TempPathFactory, installed: Path) -> Call
 
 def assert_trained(line: dict[str, Any]) -> None:
     assert line.get("sharded") is True, line
-    assert line["trained_vs_reference"] < TOLERANCE, (line["losses"], line["reference_losses"])
+    assert_losses_match_reference(line)
 
 
 def assert_layout_error(line: dict[str, Any]) -> None:
