@@ -10,16 +10,15 @@ which never imports FSDP2, and one that imports composable DDP from a worker thr
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_python
+from harness import RANKS, torchrun
 
 from fsdp_autopatch import DDP_MODULE, _matrix
-from fsdp_autopatch._verify import DDP_SUFFIX, free_port
+from fsdp_autopatch._verify import DDP_SUFFIX
 
 pytestmark = pytest.mark.slow
 
@@ -188,13 +187,9 @@ def test_two_ranks_under_torchrun(tmp_path: Path, ddp_in_rows: None) -> None:
     runs = ["token-classification" + DDP_SUFFIX, PLAIN + DDP_SUFFIX]
     results = {}
     for mode in (None, "0"):
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                   "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *runs]
-        done = subprocess.run(command, capture_output=True, text=True, env=environment(FSDP_AUTOPATCH=mode),
-                              cwd=tmp_path, timeout=600, check=False)
-        assert done.returncode == 0, done.stderr[-4000:]
+        done = torchrun(script, *runs, env=environment(FSDP_AUTOPATCH=mode), cwd=tmp_path, timeout=600)
         results[mode] = {(line["rank"], line["model"]): line for line in json_lines(done.stdout)}
-    for rank in (0, 1):
+    for rank in range(RANKS):
         assert_trains_like_the_unreplicated_copy(results[None][(rank, runs[0])])
         assert_trains_like_the_unreplicated_copy(results[None][(rank, runs[1])])
         assert_trains_like_the_unreplicated_copy(results["0"][(rank, runs[1])])
