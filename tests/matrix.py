@@ -268,9 +268,11 @@ def judge(record: dict[str, Any]) -> dict[str, Any]:
     unpatched_models, patched_models = by_model(unpatched), by_model(patched)
     models = record["models"]
     heads = [kind for kind in AFFECTED_HEADS if models[kind]["available"]]
+    # Each head sharded with fully_shard and replicated with composable DDP: the same bug, or none.
+    head_runs = _verify.runs(heads)
     problems = []
 
-    bug = any(_verify.outcome(unpatched_models.get(kind)) == _verify.LAYOUT for kind in heads)
+    bug = any(_verify.outcome(unpatched_models.get(run)) == _verify.LAYOUT for run in head_runs)
     if bug != expected_bug:
         problems.append(f"bug unpatched: measured {bug}, matrix says {expected_bug}")
     applied = bool(patched["status"]["applied"])
@@ -290,18 +292,23 @@ def judge(record: dict[str, Any]) -> dict[str, Any]:
     # which the patch never touches (torch 2.4/2.5 cannot train FSDP2 on a CPU, torch 2.8 drifts
     # on two gloo ranks: so does torch's own class, and nothing worse is accepted).
     grade = _verify.grade(patched_models)
-    control_unpatched = _verify.outcome(unpatched_models.get(_verify.CONTROL))
-    if control_unpatched not in _verify.SHARDED_OUTCOMES:
-        problems.append(f"causal LM unpatched: {control_unpatched}")
-    outcomes = {kind: grade.outcomes.get(kind, _verify.ABSENT) for kind in heads}
+    controls = _verify.runs([_verify.CONTROL])
+    for control in controls:
+        control_unpatched = _verify.outcome(unpatched_models.get(control))
+        if control_unpatched not in _verify.SHARDED_OUTCOMES:
+            problems.append(f"{control} unpatched: {control_unpatched}")
+    outcomes = {run: grade.outcomes.get(run, _verify.ABSENT) for run in head_runs}
     if not expected_bug or decision.apply:
-        problems += [f"{kind} patched: {outcome}" for kind, outcome in outcomes.items()
-                     if not grade.ok.get(kind)]
+        problems += [f"{run} patched: {outcome}" for run, outcome in outcomes.items()
+                     if not grade.ok.get(run)]
+    same_class = True
+    for control in controls:
+        causal = patched_models.get(control, {})
+        if not (causal.get("sharded") and causal.get("upstream_bases") is True
+                and causal.get("wrapper") == unpatched_models.get(control, {}).get("wrapper")):
+            same_class = False
+            problems.append(f"{control} patched: not upstream's exact class")
     causal = patched_models.get(_verify.CONTROL, {})
-    same_class = bool(causal.get("sharded") and causal.get("upstream_bases") is True
-                      and causal.get("wrapper") == unpatched_models.get(_verify.CONTROL, {}).get("wrapper"))
-    if not same_class:
-        problems.append("causal LM patched: not upstream's exact class")
 
     # verify's own exit codes: 1 means the layout bug is here and not fixed, and nothing else.
     exit_codes = {"patched": patched["exit_code"], "unpatched": unpatched["exit_code"]}
@@ -358,7 +365,8 @@ def table_row(record: dict[str, Any]) -> str:
             head_text += f" (the causal LM {verdict['control']} alike)"
     applied = yes_no(verdict["applied"])
     if verdict["applied"]:
-        applied += f" ({', '.join(site.rsplit('.', 1)[-1] for site in verdict['sites'])})"
+        # The sites by module and function: _fully_shard.fully_shard, replicate.replicate, ...
+        applied += f" ({', '.join('.'.join(site.split('.')[-2:]) for site in verdict['sites'])})"
     codes = verdict["verify_exit_codes"]
     agrees = "yes" if not verdict["problems"] else "**NO**: " + "; ".join(verdict["problems"])
     return (f"| {torch_version} | {transformers_version} | {yes_no(verdict['bug_unpatched'])} | {applied} "
@@ -372,14 +380,15 @@ def markdown(results: dict[str, Any]) -> str:
         f"{results['platform']}, installed with {results['installer']}, {len(results['cells'])} cells "
         f"in {results['seconds'] / 60:.0f} min. Do not edit by hand.",
         "",
-        "| torch | transformers | bug unpatched | default mode patched (site) | affected heads, patched "
+        "| torch | transformers | bug unpatched | default mode patched (sites) | affected heads, patched "
         "| causal LM gets upstream's class | `verify` exit, patched / unpatched | agrees with `_matrix` |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     lines += [table_row(record) for record in results["cells"]]
-    lines += ["", "Heads, graded as `fsdp-autopatch verify` grades them on 2 gloo ranks, against the "
-              "causal LM of the same run: `trained` = two sharded train steps matched an unsharded "
-              "copy's losses; `drifted` = the first loss matched, the second did not; `untrained` = "
+    lines += ["", "Heads, each sharded with FSDP2 and replicated with composable DDP, graded as "
+              "`fsdp-autopatch verify` grades them on 2 gloo ranks, against the causal LM of the same "
+              "run and wrapper: `trained` = two wrapped train steps matched an unwrapped copy's "
+              "losses; `drifted` = the first loss matched, the second did not; `untrained` = "
               "`fully_shard` succeeded but this torch cannot train FSDP2 on CPU; `layout` = the "
               "`__class__` assignment error. A head passes when it does as well as the causal LM, "
               "which the patch never touches."]
