@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, environment
 from harness import README
+from test_harness import MACHINE_PATH
 
 from fsdp_autopatch import __version__
 
@@ -86,6 +87,12 @@ def test_the_changelog_dates_every_version_and_describes_the_current_one() -> No
     assert versions == sorted(versions, key=lambda v: tuple(map(int, v.split("."))), reverse=True)
 
 
+@pytest.mark.parametrize("name", ["CHANGELOG.md", ".github/workflows/ci.yml",
+                                  ".github/workflows/release.yml"])
+def test_the_release_files_name_no_machine_path(name: str) -> None:
+    assert MACHINE_PATH.findall((ROOT / name).read_text(encoding="utf-8")) == []
+
+
 def jobs(workflow: str) -> dict[str, str]:
     """The text of each job of a workflow, by its id (the workflows are indented by two spaces)."""
     text = (WORKFLOWS / workflow).read_text(encoding="utf-8")
@@ -98,6 +105,18 @@ def test_every_action_is_pinned_to_a_tagged_commit(workflow: str) -> None:
     uses = [line for line in (WORKFLOWS / workflow).read_text(encoding="utf-8").splitlines()
             if re.match(r"^\s*(- )?uses:", line)]
     assert uses and [line for line in uses if not PINNED.match(line)] == []
+
+
+def test_docs_releasing_lists_every_pinned_action_as_the_workflows_pin_it() -> None:
+    pins = {
+        match.groups()
+        for workflow in ("ci.yml", "release.yml")
+        for match in re.finditer(r"uses: ([\w.-]+/[\w./-]+)@([0-9a-f]{40})  # (v[\d.]+)$",
+                                 (WORKFLOWS / workflow).read_text(encoding="utf-8"), re.M)
+    }
+    table = set(re.findall(r"^\| `([\w.-]+/[\w./-]+)` \| (v[\d.]+) \| `([0-9a-f]{40})` \|$",
+                           (ROOT / "docs" / "releasing.md").read_text(encoding="utf-8"), re.M))
+    assert pins and table == {(action, tag, sha) for action, sha, tag in pins}
 
 
 @pytest.mark.parametrize("workflow", ["ci.yml", "release.yml"])
