@@ -38,10 +38,14 @@ def checkout_with(tmp_path: Path, version: str, changelog: str) -> Path:
     return tmp_path
 
 
-def test_the_tag_of_the_current_version_is_releasable() -> None:
+def test_the_current_version_is_refused_while_changes_wait_under_unreleased() -> None:
+    """Until the next version's entry is written, tagging the current version would publish
+    unreleased changes under an entry that does not list them."""
+    unreleased = CHANGELOG.read_text(encoding="utf-8").split("## Unreleased\n", 1)[1].split("\n## ", 1)[0]
+    if not re.search(r"^- ", unreleased, re.M):
+        pytest.skip("nothing is listed under Unreleased now; the temporary checkouts below cover the rule")
     result = check_release(f"v{__version__}")
-    assert (result.returncode, result.stderr) == (0, "")
-    assert f"v{__version__} releases fsdp-autopatch {__version__}" in result.stdout
+    assert result.returncode == 1 and "CHANGELOG.md still lists changes under Unreleased" in result.stderr
 
 
 @pytest.mark.parametrize("tag", ["v0.0.1", __version__, f"v{__version__}.post1", f"V{__version__}"])
@@ -54,13 +58,15 @@ def test_a_tag_other_than_the_version_is_refused(tag: str) -> None:
 
 
 @pytest.mark.parametrize(("changelog", "why"), [
-    ("# Changelog\n\n## Unreleased\n\n- a change\n\n## 1.1.0 - 2026-01-01\n\n- older\n",
+    ("# Changelog\n\n## Unreleased\n\n## 1.1.0 - 2026-01-01\n\n- older\n",
      "CHANGELOG.md has no '## 1.2.0 - YYYY-MM-DD' entry"),
     ("# Changelog\n\n## 1.2.0 - soon\n\n- a change\n", "CHANGELOG.md's entry for 1.2.0 is dated 'soon'"),
     ("# Changelog\n\n## 1.2.0 - 2026-13-01\n\n- a change\n", "is dated '2026-13-01'"),
     ("# Changelog\n\n## 1.2.0 - 2026-02-01\n\nNothing yet.\n\n## 1.1.0 - 2026-01-01\n\n- older\n",
      "CHANGELOG.md's entry for 1.2.0 lists no change"),
     ("# Changelog\n\n## 1.2.0rc1 - 2026-02-01\n\n- the candidate\n", "has no '## 1.2.0 - YYYY-MM-DD' entry"),
+    ("# Changelog\n\n## Unreleased\n\n- not yet\n\n## 1.2.0 - 2026-02-01\n\n- a change\n",
+     "CHANGELOG.md still lists changes under Unreleased; move them under '## 1.2.0 - YYYY-MM-DD'"),
 ])
 def test_a_version_the_changelog_does_not_describe_is_refused(
     tmp_path: Path, changelog: str, why: str
@@ -75,6 +81,8 @@ def test_a_dated_entry_with_changes_is_enough(tmp_path: Path) -> None:
     changelog = "# Changelog\n\n## Unreleased\n\n## 1.2.0 - 2026-02-01\n\n- a change\n- another\n"
     result = check_release("v1.2.0", checkout_with(tmp_path, "1.2.0", changelog))
     assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == ("check-release: v1.2.0 releases fsdp-autopatch 1.2.0, which CHANGELOG.md "
+                             "describes\n")
 
 
 def test_the_changelog_dates_every_version_and_describes_the_current_one() -> None:
