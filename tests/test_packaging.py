@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -15,12 +16,16 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, environment, run_python
-from harness import make_venv
+from harness import make_venv, run_logged
+
+from fsdp_autopatch import __version__
 
 DISTRIBUTION = "fsdp-autopatch"
 HOME = "https://github.com/fsdp-autopatch/fsdp-autopatch"
 # What a reader of the sdist needs besides the package: the tests and the docs.
-SDIST_DOCS = ("README.md", "CONTRIBUTING.md", "LICENSE", "benchmarks/README.md", "tests/noxfile.py",
+# hatch_build.py: the build hook a wheel built from the sdist needs.
+SDIST_DOCS = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "LICENSE", "hatch_build.py",
+              "benchmarks/README.md", "tests/noxfile.py",
               "tests/conftest.py", "tests/harness.py", "benchmarks/run.py", "benchmarks/results/results.md",
               *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md")))
 # Generated dumps: their tables are in the docs, their raw data stays with whoever ran them.
@@ -116,8 +121,64 @@ def test_the_wheel_carries_the_license_and_the_project_urls(distributions: dict[
     assert fields["License-Expression"] == "MIT"
     assert fields.get_all("License-File") == ["LICENSE"]
     assert sorted(fields.get_all("Project-URL") or []) == [
+        f"Changelog, {HOME}/blob/main/CHANGELOG.md", f"Documentation, {HOME}/tree/main/docs",
         f"Homepage, {HOME}", f"Issues, {HOME}/issues", f"Source, {HOME}"]
     # The oldest Python named in the classifiers is the one Requires-Python admits.
     prefix = "Programming Language :: Python :: 3."
     minors = [int(c[len(prefix):]) for c in fields.get_all("Classifier") or [] if c.startswith(prefix)]
     assert minors and f">=3.{min(minors)}" == fields["Requires-Python"]
+
+
+# A markdown link or image target: "](target)". Relative unless it names a scheme or is an anchor.
+LINK_TARGET = re.compile(r"\]\(([^)\s]+)\)")
+ABSOLUTE_OR_ANCHOR = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*:|#")
+
+
+@pytest.mark.slow
+def test_the_package_page_links_to_the_docs_of_the_tagged_commit(distributions: dict[str, Path]) -> None:
+    """The index shows the wheel's long description; a relative link there leads nowhere."""
+    with zipfile.ZipFile(distributions["wheel"]) as wheel:
+        (metadata_file,) = [name for name in wheel.namelist() if name.endswith(".dist-info/METADATA")]
+        fields = Parser().parsestr(wheel.read(metadata_file).decode())
+    assert fields["Description-Content-Type"] == "text/markdown"
+    description = fields.get_payload()
+    targets = LINK_TARGET.findall(description)
+    readme_targets = LINK_TARGET.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert len(targets) == len(readme_targets) > 0
+    relative = [target for target in targets if not ABSOLUTE_OR_ANCHOR.match(target)]
+    assert relative == [], f"relative links in the wheel's description: {relative}"
+    # Each README link now names the same file in the repository at the release's tag.
+    for target, original in zip(targets, readme_targets):
+        if not ABSOLUTE_OR_ANCHOR.match(original):
+            assert target == f"{HOME}/blob/v{__version__}/{original}"
+            assert (ROOT / original.split("#")[0]).is_file(), f"the README links to a missing {original}"
+
+
+def build_at_commit_time(source: Path, out: Path) -> dict[str, bytes]:
+    """The sdist and the wheel of the clone ``source``, built as the release workflow builds them:
+    ``python -m build`` with ``SOURCE_DATE_EPOCH`` from the commit. Their bytes, by file name."""
+    epoch = run_logged(["git", "-C", str(source), "log", "-1", "--format=%ct"], None).strip()
+    run_logged([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(source)],
+               None, env=environment(SOURCE_DATE_EPOCH=epoch))
+    return {path.name: path.read_bytes() for path in sorted(out.iterdir())}
+
+
+@pytest.mark.slow
+def test_one_commit_builds_byte_identical_distributions(tmp_path: Path) -> None:
+    """Anyone can rebuild a release from its tag and compare: two clones of the commit, at paths
+    that differ (one with a space and non-ASCII characters), build the same bytes."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs git and a git checkout: the build time comes from the commit")
+    if importlib.util.find_spec("build") is None:
+        pytest.skip("the build package is not installed; the nox tests session installs it")
+    builds = []
+    for number, name in enumerate(("first", "an other clône")):
+        clone = tmp_path / name / "fsdp-autopatch"
+        run_logged(["git", "clone", "--quiet", str(ROOT), str(clone)], None, env=environment())
+        builds.append(build_at_commit_time(clone, tmp_path / f"dist-{number}"))
+    first, second = builds
+    assert sorted(first) == [f"fsdp_autopatch-{__version__}-py3-none-any.whl",
+                             f"fsdp_autopatch-{__version__}.tar.gz"]
+    assert sorted(first) == sorted(second)
+    differing = [name for name in first if first[name] != second[name]]
+    assert differing == [], f"two builds of one commit differ: {differing}"

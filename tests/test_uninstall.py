@@ -23,9 +23,10 @@ from harness import build_wheel, make_venv
 pytestmark = pytest.mark.slow
 
 PIP_TIMEOUT = 600
-# What the wheel is built from (pyproject.toml's wheel target, force-include, readme, license).
+# What the wheel is built from (pyproject.toml's wheel target, force-include, readme, license, and
+# hatch_build.py, the hook that writes the long description).
 SOURCES = ("fsdp_autopatch", "fsdp_autopatch.pth", "fsdp_autopatch.start", "pyproject.toml", "README.md",
-           "LICENSE")
+           "LICENSE", "hatch_build.py")
 
 
 @dataclass(frozen=True)
