@@ -260,7 +260,7 @@ def install(construction: Construction) -> None:
             stand_in = TypeStandIn(module.__name__)
             module.type = stand_in  # type: ignore[attr-defined]
         stand_in.constructions[construction.wrapper] = construction
-    cache = getattr(sys.modules[construction.site.module], construction.site.cache or "", None)
+    cache = getattr(sys.modules.get(construction.site.module), construction.site.cache or "", None)
     if isinstance(cache, dict):
         for cls, built in list(cache.items()):
             if isinstance(cls, type) and isinstance(built, type) and not _layout.acceptance(cls)(built):

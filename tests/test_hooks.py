@@ -76,11 +76,16 @@ def test_silent_by_default_and_one_info_line_when_asked(real_torch: dict[str, st
     quiet = run_python(IMPORT_BOTH)
     assert quiet.stdout == f"{layout_bug_here()}\n" and ours(quiet.stderr) == []
     told = run_python(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH_LOG="info"))
-    (line,) = ours(told.stderr)
-    action = "patched fully_shard" if layout_bug_here() else "not patching"
-    assert line.startswith(f"fsdp-autopatch INFO: {action}")
-    assert f"transformers {real_torch['transformers']}" in line
-    assert "(decided by the probe)" in line and "(probed)" in line
+    lines = ours(told.stderr)
+    # One line per site patched (FSDP2 imports composable DDP too), or one saying why not.
+    actions = (["patched FSDP2 fully_shard for ABC-based modules at ",
+                "patched composable DDP replicate for ABC-based modules at "]
+               if layout_bug_here() else ["not patching"])
+    assert len(lines) == len(actions)
+    for line, action in zip(lines, actions):
+        assert line.startswith(f"fsdp-autopatch INFO: {action}")
+        assert f"transformers {real_torch['transformers']}" in line
+        assert "(decided by the probe)" in line and "(probed)" in line
 
 
 @pytest.mark.parametrize("value", ["yes please", "ünïcødé", "$(rm -rf ~) ; `id` | &", "x" * 5000])
@@ -249,7 +254,8 @@ def test_replicate_site_that_cannot_be_patched_is_said_once(real_torch: dict[str
     assert result.returncode == 0, result.stderr[-4000:]
     (status,) = json_lines(result.stdout)
     assert status["applied"] is True
-    assert status["sites"] == [f"{FULLY_SHARD_SITE}.fully_shard", f"{DDP_MODULE}.replicate"]
+    # Forced, each site is patched as its module finishes importing: composable DDP's first.
+    assert sorted(status["sites"]) == [f"{DDP_MODULE}.replicate", f"{FULLY_SHARD_SITE}.fully_shard"]
     (warning,) = warnings_of(result.stderr)
     assert warning.startswith("fsdp-autopatch WARNING: FSDP2 replicate runs unpatched: torch ")
     assert "FSDP2 replicate layout is unknown" in warning

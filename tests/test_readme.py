@@ -136,7 +136,7 @@ def test_the_readme_commands_run_as_printed(
     assert result.returncode == 0, (
         f"{result.stderr[-4000:]}\n--- output ---\n{result.stdout[-6000:]}\n--- script ---\n{text}")
     # The commands ran: verify passed with the patch and failed without it.
-    assert "OK: 4 of 4 models sharded" in result.stdout
+    assert "OK: 8 of 8 runs wrapped" in result.stdout
     assert "layout error" in result.stdout
 
 
