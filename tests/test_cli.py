@@ -524,16 +524,19 @@ def test_console_writes_to_the_streams_of_the_moment(monkeypatch: pytest.MonkeyP
 def test_the_matrix_grades_by_verifys_rule_and_checks_its_exit_codes() -> None:
     import matrix  # tests/matrix.py, beside this file
 
-    def result(kind: str, patched: bool) -> dict[str, object]:
-        if kind != "causal-lm" and not patched:
-            return {"model": kind, "sharded": False, "error": f"__class__ assignment: ... {LAYOUT_ERROR} ..."}
-        return dict(losses(0.0, 0.0027), model=kind, upstream_bases=kind == "causal-lm",
-                    wrapper={"name": kind})
+    from fsdp_autopatch import _verify
+
+    def result(run: str, patched: bool) -> dict[str, object]:
+        plain = _verify.run_kind(run)[0] == "causal-lm"
+        if not plain and not patched:
+            return {"model": run, "sharded": False, "error": f"__class__ assignment: ... {LAYOUT_ERROR} ..."}
+        return dict(losses(0.0, 0.0027), model=run, upstream_bases=plain, wrapper={"name": run})
 
     def document(patched: bool, code: int) -> dict[str, object]:
+        # Every model with fully_shard and with composable DDP, as verify runs them.
         return {"exit_code": code, "verdict": "...", "first_attempt_failed": None,
                 "status": {"applied": patched, "in_matrix": True, "sites": []},
-                "models": [result(kind, patched) for kind in (*HEADS, "causal-lm")]}
+                "models": [result(run, patched) for run in _verify.runs((*HEADS, "causal-lm"))]}
 
     def judged(patched_code: int, unpatched_code: int) -> list[str]:
         record = {"torch": "2.8.0", "transformers": "4.55.2", "python": "3.11.7",
