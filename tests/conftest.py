@@ -28,9 +28,10 @@ from harness import make_venv, scrubbed_environment
 from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines
 
 __all__ = [
-    "LAYOUT_ERROR", "ROOT", "SCENARIO", "Throwaway", "environment", "fake_torch", "fake_transformers",
-    "json_lines", "layout_bug_here", "make_throwaway", "marked_run", "needs_proc", "own_lines",
-    "processes_marked", "run_python", "run_scenario", "shard_abc_head", "site_packages", "write_module",
+    "LAYOUT_ERROR", "ROOT", "SCENARIO", "Throwaway", "alive", "command_line", "environment", "fake_torch",
+    "fake_transformers", "json_lines", "layout_bug_here", "make_throwaway", "marked_run", "needs_proc",
+    "own_lines", "processes_marked", "run_python", "run_scenario", "shard_abc_head", "site_packages",
+    "write_module",
 ]
 
 # "still running <test> (N s)" lines while a long test runs (tests/progress.py); the stress
@@ -48,6 +49,7 @@ SESSION_MARKER_VARIABLE = "AUTOPATCH_TESTS_SESSION"
 if not os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ[SESSION_MARKER_VARIABLE] = uuid.uuid4().hex
 SESSION_MARKER = f"{SESSION_MARKER_VARIABLE}={os.environ.get(SESSION_MARKER_VARIABLE)}".encode()
+LEFT_RUNNING: list[str] = []  # what the check at the end found, for the terminal summary
 # The package's own lines on stderr, told by their start: "fsdp-autopatch: ..." (a switch it
 # ignores), "fsdp-autopatch WARNING: ..." (its log), "fsdp-autopatch verify: ..." (the command).
 # Never a substring anywhere: a checkout's path, which others' warnings print, may hold the name.
@@ -268,6 +270,19 @@ def processes_marked(marker: bytes) -> list[str]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Running: a zombie (dead, not yet reaped by whoever inherited it) is not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    try:  # the state follows the command's closing parenthesis
+        return not stat.is_file() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # gone meanwhile
+        return False
+
+
 # For the tests that look for leftover processes through /proc/<pid>/environ.
 needs_proc = pytest.mark.skipif(not Path("/proc/self/environ").is_file(),
                                 reason="finds leftover processes through /proc")
@@ -298,13 +313,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         except OSError:  # gone since
             pass
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    message = (f"{len(left)} process(es) started by the tests still ran at the end and were killed; "
-               f"find the test that left them: {'; '.join(f'{pid}: {line}' for pid, line in left.items())}")
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(message, red=True)
-    else:
-        print(message, file=sys.stderr)
+    described = "; ".join(f"{pid}: {line}" for pid, line in left.items())
+    LEFT_RUNNING.append(f"{len(left)} process(es) started by the tests still ran at the end and were killed; "
+                        f"find the test that left them: {described}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """What pytest_sessionfinish found, in the summary ahead of the counts."""
+    if LEFT_RUNNING:
+        terminalreporter.write_sep("=", "processes left running", red=True)
+        for line in LEFT_RUNNING:
+            terminalreporter.write_line(line, red=True)
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,7 @@ from typing import Optional
 
 import pytest
 from conftest import (
+    alive,
     command_line,
     environment,
     make_throwaway,
@@ -98,19 +99,6 @@ def wait_for(path: Path, process: subprocess.Popen, seconds: float = 60) -> str:
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.02)
     return path.read_text()
-
-
-def alive(pid: int) -> bool:
-    """Running: a zombie (dead, not yet reaped by whoever inherited it) is not."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    try:  # the state follows the command's closing parenthesis
-        return not stat.is_file() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):  # gone meanwhile
-        return False
 
 
 def stand_in_verify(python: str, tmp_path: Path, *args: str, env: Optional[dict[str, str]] = None,
