@@ -28,10 +28,10 @@ from harness import make_venv, scrubbed_environment
 from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines
 
 __all__ = [
-    "LAYOUT_ERROR", "ROOT", "SCENARIO", "Throwaway", "alive", "command_line", "environment", "fake_torch",
-    "fake_transformers", "json_lines", "layout_bug_here", "make_throwaway", "marked_run", "needs_proc",
-    "own_lines", "processes_marked", "run_python", "run_scenario", "shard_abc_head", "site_packages",
-    "write_module",
+    "LAYOUT_ERROR", "ROOT", "SCENARIO", "Throwaway", "alive", "command_line", "ctrl_c_as_at_a_terminal",
+    "environment", "fake_torch", "fake_transformers", "json_lines", "layout_bug_here", "make_throwaway",
+    "marked_run", "needs_proc", "own_lines", "processes_marked", "run_python", "run_scenario",
+    "shard_abc_head", "site_packages", "write_module",
 ]
 
 # "still running <test> (N s)" lines while a long test runs (tests/progress.py); the stress
@@ -231,12 +231,19 @@ def site_packages() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
 
 
+def ctrl_c_as_at_a_terminal() -> None:
+    """For ``preexec_fn``: SIGINT back to its default in the child, as in a terminal's foreground
+    job. A script's background job (``nox ... &``) starts with SIGINT ignored, and verify, as
+    Python does, leaves a signal its parent ignores ignored: a Ctrl-C test would wait forever."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def verify_at_work(env: dict[str, str], stdout: Any = subprocess.PIPE, **popen: Any) -> subprocess.Popen[str]:
     """A real ``verify --nproc 2``, returned once rank 0 has printed the patch's status: the
     ranks are at work, so a signal sent now meets verify, torchrun and ranks all running."""
     process = subprocess.Popen([sys.executable, "-m", "fsdp_autopatch", "verify", "--nproc", "2"],
                                stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
-                               cwd=site_packages().parent, **popen)
+                               cwd=site_packages().parent, preexec_fn=ctrl_c_as_at_a_terminal, **popen)
     assert process.stderr is not None
     for line in process.stderr:
         if line.startswith("patch "):

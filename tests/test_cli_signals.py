@@ -30,6 +30,7 @@ import pytest
 from conftest import (
     alive,
     command_line,
+    ctrl_c_as_at_a_terminal,
     environment,
     make_throwaway,
     marked_run,
@@ -105,6 +106,7 @@ def stand_in_verify(python: str, tmp_path: Path, *args: str, env: Optional[dict[
                     **popen: object) -> tuple[subprocess.Popen, Path, Path]:  # type: ignore[type-arg]
     started, go = tmp_path / "started", tmp_path / "go"
     env = environment(FAKE_TORCHRUN_STARTED=str(started), FAKE_TORCHRUN_GO=str(go), **(env or {}))
+    popen.setdefault("preexec_fn", ctrl_c_as_at_a_terminal)
     process = subprocess.Popen([python, "-m", "fsdp_autopatch", "verify", *args], env=env, cwd=tmp_path,
                                **popen)  # type: ignore[call-overload]
     return process, started, go
@@ -183,6 +185,29 @@ def test_ctrl_c_while_verify_waits_for_its_ranks_exits_130_with_one_line(
     assert progress.startswith("fsdp-autopatch verify: 1 rank of ")
     assert last == "fsdp-autopatch verify: interrupted"
     assert not alive(launcher), "verify left its launcher running"
+
+
+def ignore_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_ctrl_c_its_parent_ignores_leaves_verify_running(stand_in: str, tmp_path: Path) -> None:
+    """As ``verify &`` in a script, which starts it with SIGINT ignored: Ctrl-C is not for it."""
+    process, started, go = stand_in_verify(stand_in, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           text=True, start_new_session=True, preexec_fn=ignore_ctrl_c)
+    launcher = int(wait_for(started, process))
+    os.killpg(process.pid, signal.SIGINT)
+    go.touch()
+    assert process.stderr is not None
+    for line in process.stderr:  # still at work: it takes the status line printed after the go
+        if line.startswith("patch "):
+            break
+    assert process.poll() is None and alive(launcher)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert own_lines(stderr) == ["fsdp-autopatch verify: stopped by SIGTERM"]
+    assert not alive(launcher)
 
 
 def trained(model: str) -> str:
