@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import IO, Any, Optional, Sequence
 
@@ -25,6 +26,7 @@ from fsdp_autopatch._console import (
     INSTALL_COMMAND,
     PROG,
     Console,
+    Terminated,
 )
 
 EXIT_CODES_HELP = """\
@@ -66,17 +68,23 @@ exit codes:
 # `--nproc 2` took 12.5 s under that load. Most of it is importing torch and transformers.
 VERIFY_SECONDS = "about 7 s on 2 CPU cores with one rank"
 
-VERIFY_EXIT_CODES_HELP = """\
+GRACE, STOPS_WITHIN = _verify_command.STOP_GRACE_SECONDS, _verify_command.STOPS_WITHIN_SECONDS
+VERIFY_EXIT_CODES_HELP = f"""\
 exit codes:
   0    every model sharded, and trained as well as torch trains its own classes
        here (the causal LM, which the patch never touches, is the control)
   1    a model failed (the layout error, another error, a loss unlike the
-       control's), or a rank crashed while sharding and training
+       control's), or a rank crashed while sharding and training; never an
+       interruption
   2    cannot run here: torch or transformers missing, no torch.distributed or
-       gloo, the process group did not form, --timeout reached; or a usage error
-  130  interrupted by Ctrl-C; the ranks are stopped first
-  141  whatever reads the output went away (`| head -1`); the ranks are stopped
-  143  stopped by SIGTERM (129: SIGHUP); the ranks are stopped first
+       gloo, the process group did not form, torchrun killed from outside,
+       --timeout reached before every model was done; or a usage error
+  130  interrupted by Ctrl-C (to verify alone or its whole process group)
+  141  whatever reads the output went away (`| head -1`)
+  143  stopped by SIGTERM (129: SIGHUP)
+after --timeout, Ctrl-C or a signal, verify stops torchrun, the ranks and
+whatever they started (SIGTERM, then SIGKILL {GRACE:g} s later) and returns
+within {STOPS_WITHIN:g} s; nothing it started is left running
 """
 
 
@@ -161,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "always runs too, as the control")
     timeout = _verify_command.DEFAULT_TIMEOUT
     verify.add_argument("--timeout", type=positive_float, default=timeout, metavar="SECONDS",
-                        help=f"stop the ranks and exit 2 after this long (default: {timeout:g})")
+                        help=f"stop the ranks and exit 2 after this long, unless every model is "
+                             f"done by then (default: {timeout:g})")
     verify.add_argument("--json", action="store_true", help="print one JSON object, no progress")
     add_quiet(verify, argparse.SUPPRESS)
     verify.set_defaults(run=_verify_command.run_verify)
@@ -180,12 +189,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         silence_closed_pipe()
         return EXIT_CLOSED_PIPE
     except KeyboardInterrupt:
-        said = f"{PROG} {command[0]}" if command[0] else PROG
-        try:
-            print(f"{said}: interrupted", file=sys.stderr, flush=True)
-        except (OSError, ValueError, AttributeError):
-            pass
+        say_stopped(command[0], "interrupted")
         return EXIT_INTERRUPTED
+    except Terminated as terminated:  # verify, once it has stopped its ranks
+        say_stopped(command[0], f"stopped by {signal.Signals(terminated.signum).name}")
+        return int(terminated.code or 0)
+
+
+def say_stopped(command: Optional[str], how: str) -> None:
+    said = f"{PROG} {command}" if command else PROG
+    try:
+        print(f"{said}: {how}", file=sys.stderr, flush=True)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def dispatch(argv: Optional[Sequence[str]], command: list[Optional[str]]) -> int:

@@ -38,6 +38,15 @@ EXIT_CLOSED_PIPE = 141
 EXIT_INTERRUPTED = 130
 
 
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP ended a command once it had stopped what it started: exit 128 + N, the
+    code a shell reports for a command killed by that signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
 class Console:
     """Where output goes: details and progress can be silenced, verdicts and warnings cannot.
 

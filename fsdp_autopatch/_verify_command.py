@@ -12,19 +12,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import os
 import platform
-import queue
 import re
+import selectors
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from importlib import util
 from pathlib import Path
-from typing import IO, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import fsdp_autopatch
 from fsdp_autopatch import _config, _layout, _verify
@@ -35,14 +38,30 @@ from fsdp_autopatch._console import (
     PACKAGES,
     PROG,
     Console,
+    Terminated,
     installed_version,
 )
 
 DEFAULT_TIMEOUT = 300.0
-# torchrun starts every rank in a session of its own, so only torchrun can stop them: on SIGTERM
-# it stops its ranks, waiting up to 30 s for them before it kills them. It is killed itself only
-# after that.
-STOP_GRACE_SECONDS = 40.0
+# Once the deadline or a signal has come, torchrun and the ranks get this long to exit on SIGTERM
+# before verify kills whatever is left with SIGKILL. torchrun itself would give its ranks 30 s.
+STOP_GRACE_SECONDS = 5.0
+# A process killed with SIGKILL is gone at once unless it is in the kernel (writing to a slow
+# disk, say); verify does not wait longer than this for that.
+KILLED_WAIT_SECONDS = 2.0
+# How often verify looks at torchrun, and how long it takes what is left in the pipe.
+POLL_SECONDS = 0.5
+# How often it looks again for what is left while it stops them.
+LOOK_SECONDS = 0.05
+# The longest verify takes from the deadline or a signal to its exit (the help states it): the
+# pipe's rest, the grace and the wait for the killed.
+STOPS_WITHIN_SECONDS = math.ceil(POLL_SECONDS + STOP_GRACE_SECONDS + KILLED_WAIT_SECONDS)
+READ_BYTES = 65536
+# Set in torchrun's environment, so inherited by every rank and whatever a rank starts. torchrun
+# starts each rank in a session of its own, and a torchrun that dies before it stops them leaves
+# them to init: verify finds every process of its run by this marker in /proc/<pid>/environ, not
+# through torchrun.
+RUN_MARKER_VARIABLE = "FSDP_AUTOPATCH_VERIFY_RUN"
 
 # What a model's outcome is called in the table, when it counts (True) and when it does not.
 SHOWN = {
@@ -82,6 +101,7 @@ class VerifyRun:
     timed_out: bool = False
     cannot_run: Optional[str] = None
     crash: Optional[str] = None
+    launcher_killed: Optional[str] = None
 
     def rank(self, number: int) -> RankClasses:
         return self.ranks.setdefault(number, RankClasses(number))
@@ -131,87 +151,198 @@ def run_verify(options: argparse.Namespace, console: Console) -> int:
 
 
 def launch_and_follow(run: VerifyRun, timeout: float, console: Console) -> None:
+    deadline = run.started + timeout
+    marker = uuid.uuid4().hex
     with tempfile.TemporaryDirectory(prefix="fsdp-autopatch-verify-") as logs, \
-            tempfile.TemporaryFile() as launcher_stderr, termination_raises():
+            tempfile.TemporaryFile() as launcher_stderr, Interruptions() as interruptions:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", str(run.nproc),
                    # Each rank's stderr to its own file, for the last line of one that fails.
                    "--log-dir", logs, "--redirects", "2",
                    "-m", "fsdp_autopatch._verify", *run.models]
-        launcher = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=launcher_stderr)
+        launcher: Optional[subprocess.Popen[bytes]] = None
+        ended: Optional[int] = None
         try:
-            follow(run, launcher, timeout, console)
-        finally:  # Ctrl-C and SIGTERM included: no rank outlives the command
-            stop(launcher)
-            assert launcher.stdout is not None
-            launcher.stdout.close()
-        if not run.timed_out and launcher.returncode != 0 and run.cannot_run is None:
+            # A session of its own: a Ctrl-C at the terminal (SIGINT to the whole foreground
+            # group) reaches verify alone, which stops the rest; torchrun, reached too, would
+            # end with a failure of its own making.
+            launcher = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=launcher_stderr, start_new_session=True,
+                                        env={**os.environ, RUN_MARKER_VARIABLE: marker})
+            follow(run, launcher, deadline, console)
+            ended = launcher.poll()  # None: verify stops it below, so its exit code says nothing
+        finally:  # the time-out, Ctrl-C, SIGTERM, a closed pipe: nothing verify started outlives it
+            with interruptions.held():
+                stop(launcher, marker)
+                if launcher is not None and launcher.stdout is not None:
+                    launcher.stdout.close()
+        if ended is not None and ended != 0 and not run.timed_out and run.cannot_run is None:
             launcher_stderr.seek(0)
-            explain_failure(run, launcher.returncode,
-                            launcher_stderr.read().decode(errors="replace"), Path(logs))
+            explain_failure(run, ended, launcher_stderr.read().decode(errors="replace"), Path(logs),
+                            deadline)
 
 
-def follow(run: VerifyRun, launcher: subprocess.Popen, timeout: float, console: Console) -> None:  # type: ignore[type-arg]
-    """Take rank 0's JSON lines as they arrive, until torchrun is done or the time is up."""
-    lines: queue.Queue[Optional[str]] = queue.Queue()
-    reader = threading.Thread(target=read_lines, args=(launcher.stdout, lines), daemon=True)
-    reader.start()
-    deadline = run.started + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            run.timed_out = True
-            return
-        try:
-            line = lines.get(timeout=min(remaining, 0.5))
-        except queue.Empty:
-            continue
-        if line is None:  # torchrun and every rank have closed stdout
-            break
-        take_line(run, line, console)
+def follow(run: VerifyRun, launcher: subprocess.Popen[bytes], deadline: float, console: Console) -> None:
+    """Take rank 0's JSON lines as they arrive, until torchrun is done or the time is up.
+
+    The pipe is read here, in the main thread, only when it is readable: a thread blocked in
+    ``readline`` would keep it until every rank holding its other end had gone, and closing it
+    under that thread would wait as long. A time-out with every model's result in is no
+    time-out: those results are judged.
+    """
+    assert launcher.stdout is not None
+    with Pipe(launcher.stdout.fileno(), run, console) as pipe:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if launcher.poll() is not None:
+                # What torchrun and its ranks wrote before it ended; ranks it left behind
+                # (killed before it could stop them) are stopped, not waited for.
+                pipe.drain()
+                return
+            pipe.read(min(remaining, POLL_SECONDS))
+            if pipe.ended:
+                return wait_for_launcher(run, launcher, deadline)
+        pipe.drain()  # what reached the pipe by the deadline arrived in time
+    run.timed_out = len(run.results) < len(run.models)
+
+
+class Pipe:
+    """torchrun's stdout, shared by its ranks, read only when it is readable."""
+
+    def __init__(self, descriptor: int, run: VerifyRun, console: Console) -> None:
+        self.descriptor, self.run, self.console = descriptor, run, console
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(descriptor, selectors.EVENT_READ)
+        self.unfinished = b""  # a line not yet ended, completed by the next read
+        self.ended = False  # every holder of the pipe has closed it
+
+    def __enter__(self) -> Pipe:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.selector.close()
+
+    def read(self, timeout: float) -> bool:
+        """Take the lines that arrive within ``timeout``; whether anything came."""
+        if self.ended or not self.selector.select(timeout):
+            return False
+        chunk = os.read(self.descriptor, READ_BYTES)
+        self.ended = not chunk
+        *lines, self.unfinished = (self.unfinished + chunk).split(b"\n")
+        for line in lines:
+            take_line(self.run, line.decode(errors="replace"), self.console)
+        return not self.ended
+
+    def drain(self) -> None:
+        """Take what is in the pipe now, for up to POLL_SECONDS (a rank may go on writing)."""
+        until = time.monotonic() + POLL_SECONDS
+        while self.read(0) and time.monotonic() < until:
+            pass
+
+
+def wait_for_launcher(run: VerifyRun, launcher: subprocess.Popen[bytes], deadline: float) -> None:
     try:
         launcher.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        run.timed_out = True
+        run.timed_out = len(run.results) < len(run.models)
 
 
-def read_lines(stream: IO[bytes], lines: queue.Queue[Optional[str]]) -> None:
-    for raw in iter(stream.readline, b""):
-        lines.put(raw.decode(errors="replace"))
-    lines.put(None)
+def stop(launcher: Optional[subprocess.Popen[bytes]], marker: str) -> None:
+    """End torchrun, every rank and whatever they started: SIGTERM, then SIGKILL for whatever
+    is left after STOP_GRACE_SECONDS, and a wait of up to KILLED_WAIT_SECONDS for the killed
+    to be gone. Finds nothing to do after a run that ended by itself."""
+    for signum, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS),
+                         (getattr(signal, "SIGKILL", signal.SIGTERM), KILLED_WAIT_SECONDS)):
+        signal_all(launcher, marker, signum)
+        until = time.monotonic() + wait
+        while still_running(launcher, marker) and time.monotonic() < until:
+            time.sleep(LOOK_SECONDS)
+    if launcher is not None and launcher.poll() is None:
+        launcher.wait()  # SIGKILLed: as good as gone
 
 
-def stop(launcher: subprocess.Popen) -> None:  # type: ignore[type-arg]
-    if launcher.poll() is not None:
-        return
-    launcher.terminate()
-    try:
-        launcher.wait(timeout=STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        launcher.kill()
-        launcher.wait()
+def still_running(launcher: Optional[subprocess.Popen[bytes]], marker: str) -> bool:
+    return (launcher is not None and launcher.poll() is None) or bool(processes_marked(marker))
 
 
-@contextlib.contextmanager
-def termination_raises() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP (a cancelled CI job, a closed terminal) into SystemExit, so that
-    torchrun is stopped. Measured: with verify killed on its own, torchrun and both of its ranks
-    ran on to the end; with this, none was left 6 s after the SIGTERM."""
-    names = [name for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers
-        return
-    previous = {name: signal.signal(getattr(signal, name), raise_system_exit) for name in names}
-    try:
-        yield
-    finally:
-        for name, handler in previous.items():
-            signal.signal(getattr(signal, name), handler)
+def signal_all(launcher: Optional[subprocess.Popen[bytes]], marker: str, signum: int) -> None:
+    if launcher is not None and launcher.poll() is None:
+        with contextlib.suppress(OSError):
+            if hasattr(os, "killpg"):  # torchrun leads a group of its own (its session)
+                os.killpg(launcher.pid, signum)
+            else:
+                launcher.send_signal(signum)
+    for pid in processes_marked(marker):
+        with contextlib.suppress(OSError):  # gone since it was found
+            os.kill(pid, signum)
 
 
-def raise_system_exit(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+def processes_marked(marker: str) -> list[int]:
+    """The live processes carrying this run's marker (zombies have no environment left to read);
+    none where there is no /proc."""
+    entry = f"{RUN_MARKER_VARIABLE}={marker}".encode()
+    found = []
+    with contextlib.suppress(OSError):
+        for process in os.scandir("/proc"):
+            if not process.name.isdigit() or int(process.name) == os.getpid():
+                continue
+            try:
+                with open(os.path.join(process.path, "environ"), "rb") as environ:
+                    if entry in environ.read().split(b"\0"):
+                        found.append(int(process.name))
+            except OSError:  # gone, or another user's
+                pass
+    return found
+
+
+class Interruptions:
+    """Ctrl-C, SIGTERM and SIGHUP (a cancelled CI job, a closed terminal) while verify's
+    processes run: the first one ends verify (KeyboardInterrupt, or ``Terminated``: exit
+    128 + N), so that it stops them. While it stops them, a signal is held, and raised once
+    they are stopped: nothing cuts the stopping short. A signal the parent ignores (``nohup``)
+    stays ignored."""
+
+    NAMES = ("SIGINT", "SIGTERM", "SIGHUP")
+
+    def __init__(self) -> None:
+        self.received: Optional[int] = None
+        self.holding = False
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Interruptions:
+        if threading.current_thread() is threading.main_thread():  # only it may set handlers
+            for name in self.NAMES:
+                number = getattr(signal, name, None)
+                if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
+                    self.previous[number] = signal.signal(number, self.handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+
+    def handle(self, signum: int, frame: object) -> None:
+        if self.received is None:
+            self.received = signum
+        if not self.holding:
+            self.raise_received()
+
+    def raise_received(self) -> None:
+        if self.received == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.received is not None:
+            raise Terminated(self.received)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        self.raise_received()
 
 
 def take_line(run: VerifyRun, line: str, console: Console) -> None:
@@ -242,19 +373,29 @@ def take_record(run: VerifyRun, record: dict[str, Any], console: Console) -> Non
                          f"({record.get('seconds') or 0.0:.1f} s)")
 
 
-def explain_failure(run: VerifyRun, code: int, launcher_stderr: str, logs: Path) -> None:
-    """Why torchrun failed: this interpreter cannot run the proof, or a rank crashed."""
+def explain_failure(run: VerifyRun, code: int, launcher_stderr: str, logs: Path, deadline: float) -> None:
+    """Why torchrun failed: this interpreter cannot run the proof, a rank crashed, or something
+    outside killed torchrun itself."""
+    during = (f" during {run.models[len(run.results)]}" if run.status is not None
+              and len(run.results) < len(run.models) else "")
+    if code < 0:  # not the ranks' doing: torchrun that stops its ranks exits with a code of its own
+        run.launcher_killed = (f"torch.distributed.run was killed by {killed_by(-code)}{during}; "
+                               "rerun it, with less else running on the machine")
+        return
     if run.status is None:
         # No rank got as far as the models: torchrun itself may be missing (a torch built
         # without torch.distributed). Only now is the price of a separate check worth paying.
-        check = subprocess.run([sys.executable, "-m", "fsdp_autopatch._verify", "--check"],
-                               capture_output=True, text=True, check=False)
+        try:
+            check = subprocess.run([sys.executable, "-m", "fsdp_autopatch._verify", "--check"],
+                                   capture_output=True, text=True, check=False,
+                                   timeout=max(POLL_SECONDS, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            run.timed_out = True
+            return
         (problem,) = [line["cannot_run"] for line in _verify.json_lines(check.stdout)][:1] or [None]
         if problem is not None:
             run.cannot_run = problem
             return
-    during = (f" during {run.models[len(run.results)]}" if run.status is not None
-              and len(run.results) < len(run.models) else "")
     cause = ROOT_CAUSE.search(launcher_stderr)
     if cause is None:
         run.crash = (f"torch.distributed.run exited with code {code}{during}: "
@@ -263,16 +404,18 @@ def explain_failure(run: VerifyRun, code: int, launcher_stderr: str, logs: Path)
         return
     rank, rank_code = int(cause.group(1)), int(cause.group(2))
     if rank_code < 0:
-        number = -rank_code
-        name = signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
-        hint = " (out of memory?)" if name == "SIGKILL" else ""
-        run.crash = (f"rank {rank} was killed by {name}{hint}{during}; rerun it, with less else "
-                     "running on the machine")
+        run.crash = (f"rank {rank} was killed by {killed_by(-rank_code)}{during}; rerun it, with less "
+                     "else running on the machine")
         return
     stderr = "".join(path.read_text(errors="replace") for path in logs.rglob(f"{rank}/stderr.log"))
     run.crash = (f"rank {rank} exited with code {rank_code}{during}: "
                  f"{last_line(stderr, f'rank {rank} printed nothing on stderr')}; report it with the "
                  f"output of: {PROG} doctor --json")
+
+
+def killed_by(number: int) -> str:
+    name = signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
+    return f"{name} (out of memory?)" if name == "SIGKILL" else name
 
 
 def last_line(text: str, otherwise: str) -> str:
@@ -284,6 +427,8 @@ def verify_verdict(run: VerifyRun, timeout: float) -> tuple[int, str]:
     """The exit code and the one line that says what happened and what to do."""
     if run.cannot_run:
         return EXIT_CANNOT_TELL, f"cannot verify: {run.cannot_run}"
+    if run.launcher_killed:
+        return EXIT_CANNOT_TELL, f"cannot verify: {run.launcher_killed}"
     if run.timed_out:
         return EXIT_CANNOT_TELL, (f"cannot verify: not finished within {timeout:g} s "
                                  f"({len(run.results)} of {len(run.models)} models done); "

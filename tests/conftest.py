@@ -9,11 +9,14 @@ Claims about start-up and about fully_shard are checked in fresh subprocesses of
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import uuid
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -26,9 +29,10 @@ from fsdp_autopatch import TORCH_MODULES
 from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines
 
 __all__ = [
-    "LAYOUT_ERROR", "ROOT", "SCENARIO", "Throwaway", "environment", "fake_torch", "fake_transformers",
-    "json_lines", "layout_bug_here", "make_throwaway", "run_python", "run_scenario", "shard_abc_head",
-    "site_packages", "write_module",
+    "LAYOUT_ERROR", "ROOT", "SCENARIO", "Throwaway", "alive", "command_line", "ctrl_c_as_at_a_terminal",
+    "environment", "fake_torch", "fake_transformers", "json_lines", "layout_bug_here", "make_throwaway",
+    "marked_run", "needs_proc", "own_lines", "processes_marked", "run_python", "run_scenario",
+    "shard_abc_head", "site_packages", "write_module",
 ]
 
 # "still running <test> (N s)" lines while a long test runs (tests/progress.py); the stress
@@ -39,6 +43,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "tests" / "scenario.py"
 # Set by the nox sessions: a missing prerequisite there is a failure, not a skip.
 REQUIRE_VARIABLE = "FSDP_AUTOPATCH_TEST_REQUIRE"
+# Every process the suite starts carries this variable: it is set here, in the process that
+# runs pytest (xdist's workers inherit it), and every child's environment is this one's. What
+# still carries it when the session ends was left behind by a test (pytest_sessionfinish).
+SESSION_MARKER_VARIABLE = "AUTOPATCH_TESTS_SESSION"
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ[SESSION_MARKER_VARIABLE] = uuid.uuid4().hex
+SESSION_MARKER = f"{SESSION_MARKER_VARIABLE}={os.environ.get(SESSION_MARKER_VARIABLE)}".encode()
+LEFT_RUNNING: list[str] = []  # what the check at the end found, for the terminal summary
+# The package's own lines on stderr, told by their start: "fsdp-autopatch: ..." (a switch it
+# ignores), "fsdp-autopatch WARNING: ..." (its log), "fsdp-autopatch verify: ..." (the command).
+# Never a substring anywhere: a checkout's path, which others' warnings print, may hold the name.
+OWN_LINE = re.compile(r"fsdp-autopatch(?: [A-Za-z]+)?: ")
 
 
 # Every child interpreter starts from this process's environment less anything that changes
@@ -217,17 +233,106 @@ def site_packages() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
 
 
-def verify_at_work(env: dict[str, str], stdout: Any = subprocess.PIPE) -> subprocess.Popen[str]:
+def ctrl_c_as_at_a_terminal() -> None:
+    """For ``preexec_fn``: SIGINT back to its default in the child, as in a terminal's foreground
+    job. A script's background job (``nox ... &``) starts with SIGINT ignored, and verify, as
+    Python does, leaves a signal its parent ignores ignored: a Ctrl-C test would wait forever."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def verify_at_work(env: dict[str, str], stdout: Any = subprocess.PIPE, **popen: Any) -> subprocess.Popen[str]:
     """A real ``verify --nproc 2``, returned once rank 0 has printed the patch's status: the
     ranks are at work, so a signal sent now meets verify, torchrun and ranks all running."""
     process = subprocess.Popen([sys.executable, "-m", "fsdp_autopatch", "verify", "--nproc", "2"],
                                stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
-                               cwd=site_packages().parent)
+                               cwd=site_packages().parent, preexec_fn=ctrl_c_as_at_a_terminal, **popen)
     assert process.stderr is not None
     for line in process.stderr:
         if line.startswith("patch "):
             break
     return process
+
+
+def own_lines(stderr: str) -> list[str]:
+    """The lines of ``stderr`` the package printed (OWN_LINE)."""
+    return [line for line in stderr.splitlines() if OWN_LINE.match(line)]
+
+
+def marked_run() -> tuple[bytes, dict[str, str]]:
+    """An environment carrying a marker of its own, to find every process started with it."""
+    marker = f"CLI_TEST_RUN={uuid.uuid4()}"
+    key, value = marker.split("=")
+    return marker.encode(), environment(**{key: value})
+
+
+def processes_marked(marker: bytes) -> list[str]:
+    """The live processes whose environment holds ``marker`` (``KEY=value``), this one aside;
+    a zombie's environment is empty."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and int(entry.name) != os.getpid()
+                    and marker in (entry / "environ").read_bytes().split(b"\0")):
+                found.append(entry.name)
+        except OSError:  # gone, or not ours
+            pass
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running: a zombie (dead, not yet reaped by whoever inherited it) is not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    try:  # the state follows the command's closing parenthesis
+        return not stat.is_file() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # gone meanwhile
+        return False
+
+
+# For the tests that look for leftover processes through /proc/<pid>/environ.
+needs_proc = pytest.mark.skipif(not Path("/proc/self/environ").is_file(),
+                                reason="finds leftover processes through /proc")
+
+
+def command_line(pid: str) -> str:
+    try:
+        return (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "gone"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run when a process a test started is still running, and kill it by its id.
+
+    Checked in the process that made the session's marker, last: under xdist, the controller,
+    once its workers (which carry the marker too) are gone; whatever a worker's tests started
+    carries it as well."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not Path("/proc/self/environ").is_file():
+        return
+    left = {pid: command_line(pid) for pid in processes_marked(SESSION_MARKER)}
+    if not left:
+        return
+    for pid in left:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:  # gone since
+            pass
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    described = "; ".join(f"{pid}: {line}" for pid, line in left.items())
+    LEFT_RUNNING.append(f"{len(left)} process(es) started by the tests still ran at the end and were killed; "
+                        f"find the test that left them: {described}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """What pytest_sessionfinish found, in the summary ahead of the counts."""
+    if LEFT_RUNNING:
+        terminalreporter.write_sep("=", "processes left running", red=True)
+        for line in LEFT_RUNNING:
+            terminalreporter.write_line(line, red=True)
 
 
 @pytest.fixture(scope="session")

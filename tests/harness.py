@@ -257,8 +257,10 @@ def portable_command(argv: Iterable[str], root: Path = ROOT) -> str:
     return shlex.join(words)
 
 
-# An absolute POSIX path inside text: starts at a "/" that does not follow a word character.
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(?:[\w.+@-]+/)*[\w.+@-]+")
+# An absolute POSIX path inside text: starts at a "/" that does not follow a word character. A
+# directory's name may hold single spaces between its words ("/tmp/déjà vu/checkout"); the last
+# part may not, since text goes on after a path with a space.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(?:[\w.+@-]+(?: [\w.+@-]+)*/)*[\w.+@-]+")
 
 
 def portable_text(text: str, root: Path = ROOT) -> str:

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
@@ -30,6 +29,9 @@ from conftest import (
     json_lines,
     layout_bug_here,
     make_throwaway,
+    marked_run,
+    needs_proc,
+    processes_marked,
     site_packages,
     verify_at_work,
 )
@@ -399,26 +401,8 @@ def test_verify_json_on_two_ranks_without_torch_in_the_parent(real_torch: dict[s
     assert LAYOUT_ERROR in broken["models"][0]["error"]  # type: ignore[index]
 
 
-def marked_run() -> tuple[bytes, dict[str, str]]:
-    """An environment carrying a marker of its own, to find every process started with it."""
-    marker = f"CLI_TEST_RUN={uuid.uuid4()}"
-    key, value = marker.split("=")
-    return marker.encode(), environment(**{key: value})
-
-
-def processes_marked(marker: bytes) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(entry.name)
-        except OSError:  # gone, or not ours
-            pass
-    return found
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds leftover ranks through /proc")
+@needs_proc
 def test_verify_timeout_exits_2_and_stops_every_rank(real_torch: dict[str, str]) -> None:
     marker, env = marked_run()
     # One second is not enough to import torch, so this stops torchrun while it starts.

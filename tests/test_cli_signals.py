@@ -8,33 +8,63 @@ The fast tests run ``verify`` against a stand-in for ``torch.distributed.run`` (
 throwaway environment) that says when it started and waits to be told to go on, so that the
 signal or the closed pipe meets verify at a known point, while it follows its launcher; the
 slow ones run the real torch.
+
+However verify is stopped (its deadline, Ctrl-C to it or to its whole process group as a
+terminal sends it, SIGTERM, its launcher killed first), it says so with its own exit code,
+returns within the bound its help states, and leaves no process running: not even a rank that
+outlived its launcher in a session of its own, deaf to SIGTERM.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
-from conftest import environment, make_throwaway, site_packages, verify_at_work
-from test_cli import add_distribution, marked_run, processes_marked
+from conftest import (
+    alive,
+    command_line,
+    ctrl_c_as_at_a_terminal,
+    environment,
+    make_throwaway,
+    marked_run,
+    needs_proc,
+    own_lines,
+    processes_marked,
+    site_packages,
+    verify_at_work,
+)
+from test_cli import add_distribution
+
+from fsdp_autopatch import _verify
+from fsdp_autopatch._verify_command import STOPS_WITHIN_SECONDS
 
 EXIT_CLOSED_PIPE = 141
 EXIT_INTERRUPTED = 130
 
 # Stands in for torchrun: says it started (its pid), waits for the go-ahead file, then prints the
-# status line a rank prints first, and waits to be stopped.
+# status line a rank prints first, and the lines of FAKE_TORCHRUN_RESULTS, and waits to be
+# stopped. With FAKE_TORCHRUN_DEAF_RANK (a file) it first starts a "rank" as torchrun does, in a
+# session of its own and holding the pipe, but deaf to SIGTERM; the rank writes its pid there.
 FAKE_TORCHRUN = """\
-import json, os, pathlib, time
+import json, os, pathlib, subprocess, sys, time
+DEAF_RANK = ("import os, pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(600)")
+if os.environ.get("FAKE_TORCHRUN_DEAF_RANK"):
+    subprocess.Popen([sys.executable, "-c", DEAF_RANK, os.environ["FAKE_TORCHRUN_DEAF_RANK"]],
+                     start_new_session=True)
 pathlib.Path(os.environ["FAKE_TORCHRUN_STARTED"]).write_text(str(os.getpid()))
 go = pathlib.Path(os.environ["FAKE_TORCHRUN_GO"])
 while not go.exists():
     time.sleep(0.02)
 print(json.dumps({"status": {"applied": False, "reason": "a stand-in for torchrun"}}), flush=True)
+print(os.environ.get("FAKE_TORCHRUN_RESULTS", ""), flush=True)
 time.sleep(600)
 """
 
@@ -72,18 +102,12 @@ def wait_for(path: Path, process: subprocess.Popen, seconds: float = 60) -> str:
     return path.read_text()
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def stand_in_verify(python: str, tmp_path: Path, **popen: object) -> tuple[subprocess.Popen, Path, Path]:  # type: ignore[type-arg]
+def stand_in_verify(python: str, tmp_path: Path, *args: str, env: Optional[dict[str, str]] = None,
+                    **popen: object) -> tuple[subprocess.Popen, Path, Path]:  # type: ignore[type-arg]
     started, go = tmp_path / "started", tmp_path / "go"
-    env = environment(FAKE_TORCHRUN_STARTED=str(started), FAKE_TORCHRUN_GO=str(go))
-    process = subprocess.Popen([python, "-m", "fsdp_autopatch", "verify"], env=env, cwd=tmp_path,
+    env = environment(FAKE_TORCHRUN_STARTED=str(started), FAKE_TORCHRUN_GO=str(go), **(env or {}))
+    popen.setdefault("preexec_fn", ctrl_c_as_at_a_terminal)
+    process = subprocess.Popen([python, "-m", "fsdp_autopatch", "verify", *args], env=env, cwd=tmp_path,
                                **popen)  # type: ignore[call-overload]
     return process, started, go
 
@@ -137,40 +161,149 @@ def test_verify_whose_reader_left_stops_its_launcher_and_exits_141(stand_in: str
 # --------------------------------------------------------------------------------------------- Ctrl-C
 
 
-def interrupted(process: subprocess.Popen) -> str:  # type: ignore[type-arg]
-    """Send SIGINT, as Ctrl-C does; the command's stderr."""
-    process.send_signal(signal.SIGINT)
+def interrupted(process: subprocess.Popen, whole_group: bool = False) -> str:  # type: ignore[type-arg]
+    """Send SIGINT, as Ctrl-C does: to the command alone, or to its whole process group as a
+    terminal does (the command must have been started in a session of its own); its stderr."""
+    if whole_group:
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == EXIT_INTERRUPTED, stderr
     return str(stderr)
 
 
+@pytest.mark.parametrize("whole_group", [False, True], ids=["to verify", "to its process group"])
 def test_ctrl_c_while_verify_waits_for_its_ranks_exits_130_with_one_line(
-    stand_in: str, tmp_path: Path
+    stand_in: str, tmp_path: Path, whole_group: bool
 ) -> None:
     process, started, _ = stand_in_verify(stand_in, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True)
+                                          text=True, start_new_session=whole_group)
     launcher = int(wait_for(started, process))
-    stderr = interrupted(process)
+    stderr = interrupted(process, whole_group)
     progress, last = stderr.splitlines()  # the launch line, then the one about the interruption
     assert progress.startswith("fsdp-autopatch verify: 1 rank of ")
     assert last == "fsdp-autopatch verify: interrupted"
     assert not alive(launcher), "verify left its launcher running"
 
 
+def ignore_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_ctrl_c_its_parent_ignores_leaves_verify_running(stand_in: str, tmp_path: Path) -> None:
+    """As ``verify &`` in a script, which starts it with SIGINT ignored: Ctrl-C is not for it."""
+    process, started, go = stand_in_verify(stand_in, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           text=True, start_new_session=True, preexec_fn=ignore_ctrl_c)
+    launcher = int(wait_for(started, process))
+    os.killpg(process.pid, signal.SIGINT)
+    go.touch()
+    assert process.stderr is not None
+    for line in process.stderr:  # still at work: it takes the status line printed after the go
+        if line.startswith("patch "):
+            break
+    assert process.poll() is None and alive(launcher)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert own_lines(stderr) == ["fsdp-autopatch verify: stopped by SIGTERM"]
+    assert not alive(launcher)
+
+
+def trained(model: str) -> str:
+    """rank 0's line for a model that sharded and trained as an unsharded copy does."""
+    return json.dumps({"model": model, "sharded": True, "trained": True, "losses": [1.0, 0.9],
+                       "reference_losses": [1.0, 0.9], "max_loss_difference": 0.0, "seconds": 0.1})
+
+
+def test_a_time_out_after_every_model_reported_judges_the_results(stand_in: str, tmp_path: Path) -> None:
+    (tmp_path / "go").touch()  # every line at once, then the stand-in hangs, as a rank in teardown may
+    env = {"FAKE_TORCHRUN_RESULTS": "\n".join(trained(model) for model in _verify.MODELS)}
+    process, started, _ = stand_in_verify(stand_in, tmp_path, "--timeout", "10", env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stdout + stderr
+    done = len(_verify.MODELS)
+    assert stdout.splitlines()[-1] == (f"OK: {done} of {done} models sharded with FSDP2 and trained; no "
+                                       "patch was needed: a stand-in for torchrun")
+    assert not alive(int(started.read_text()))
+
+
+# How each case stops verify: the exit code, and the last line it prints there: the verdict on
+# stdout, or on stderr the one line a signal gets.
+STOPPED = {
+    "time-out": (2, "stdout", f"cannot verify: not finished within 10 s (0 of {len(_verify.MODELS)} models "
+                              "done); rerun with a larger --timeout on a less loaded machine"),
+    "SIGTERM": (128 + signal.SIGTERM, "stderr", "fsdp-autopatch verify: stopped by SIGTERM"),
+    "Ctrl-C to the group": (EXIT_INTERRUPTED, "stderr", "fsdp-autopatch verify: interrupted"),
+    "launcher killed": (2, "stdout", "cannot verify: torch.distributed.run was killed by SIGKILL (out of "
+                                     "memory?); rerun it, with less else running on the machine"),
+}
+
+
+@needs_proc
+@pytest.mark.parametrize("how", list(STOPPED))
+def test_verify_stopped_any_way_returns_in_time_and_leaves_no_rank(
+    stand_in: str, tmp_path: Path, how: str
+) -> None:
+    """A rank its launcher left behind, deaf to SIGTERM, is killed too, within the stated bound."""
+    deaf_rank = tmp_path / "deaf-rank"
+    timeout = ("--timeout", "10", "--json") if how == "time-out" else ()
+    process, started, _ = stand_in_verify(stand_in, tmp_path, *timeout,
+                                          env={"FAKE_TORCHRUN_DEAF_RANK": str(deaf_rank)},
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True)
+    launcher = int(wait_for(started, process))
+    rank = int(wait_for(deaf_rank, process))
+    stopped = time.monotonic()
+    if how == "SIGTERM":
+        process.send_signal(signal.SIGTERM)
+    elif how == "Ctrl-C to the group":
+        os.killpg(process.pid, signal.SIGINT)
+    elif how == "launcher killed":
+        os.kill(launcher, signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=120)
+    took = time.monotonic() - stopped
+    if how == "time-out":  # timed on verify's own clock, whose deadline is 10 s after its start
+        document = json.loads(stdout)
+        took, stdout = document["seconds"] - 10, document["verdict"]
+    code, stream, last = STOPPED[how]
+    printed = {"stdout": stdout, "stderr": stderr}[stream]
+    assert (process.returncode, printed.splitlines()[-1:]) == (code, [last]), stdout + stderr
+    assert took < STOPS_WITHIN_SECONDS, f"verify returned {took:.1f} s after it was stopped"
+    assert not alive(rank) and not alive(launcher)
+    assert "Traceback" not in stderr
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds leftover ranks through /proc")
-def test_ctrl_c_during_a_real_verify_stops_every_rank(real_torch: dict[str, str]) -> None:
+@needs_proc
+@pytest.mark.parametrize("whole_group", [False, True], ids=["to verify", "to its process group"])
+def test_ctrl_c_during_a_real_verify_stops_every_rank(real_torch: dict[str, str], whole_group: bool) -> None:
     marker, env = marked_run()
-    process = verify_at_work(env)
-    stderr = interrupted(process)
-    assert stderr.splitlines()[-1] == "fsdp-autopatch verify: interrupted"
+    process = verify_at_work(env, start_new_session=whole_group)
+    stderr = interrupted(process, whole_group)
+    assert own_lines(stderr)[-1] == "fsdp-autopatch verify: interrupted"
     assert "Traceback" not in stderr
     assert processes_marked(marker) == []
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds leftover ranks through /proc")
+@needs_proc
+def test_a_real_verify_whose_torchrun_is_killed_stops_its_ranks_exits_2(real_torch: dict[str, str]) -> None:
+    """The ranks run in sessions of their own: a torchrun killed before it could stop them
+    leaves them to verify."""
+    marker, env = marked_run()
+    process = verify_at_work(env)
+    (launcher,) = [pid for pid in processes_marked(marker) if "torch.distributed.run" in command_line(pid)]
+    os.kill(int(launcher), signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2, stdout + stderr
+    assert stdout.splitlines()[-1].startswith("cannot verify: torch.distributed.run was killed by SIGKILL")
+    assert processes_marked(marker) == []
+
+
+@pytest.mark.slow
+@needs_proc
 def test_a_real_verify_whose_reader_left_exits_141_and_stops_every_rank(real_torch: dict[str, str]) -> None:
     marker, env = marked_run()
     read, write = os.pipe()

@@ -29,6 +29,7 @@ from conftest import (
     json_lines,
     layout_bug_here,
     make_throwaway,
+    own_lines,
     run_python,
     write_module,
 )
@@ -660,15 +661,15 @@ def test_wrapt_unusable_real_imports(
     report, result = shard(pythonpath=tmp_path)
     assert_unpatched_like(report, unpatched)
     assert "wrapt could not be imported" in report["status"]["reason"]
-    assert WARNING_PREFIX not in result.stderr and "Traceback" not in result.stderr
+    assert own_lines(result.stderr) == [] and "Traceback" not in result.stderr
 
 
 @pytest.mark.slow
 def test_bad_mode_value_real_imports(unpatched: dict[str, Any]) -> None:
     value = "héllo; $(rm -rf ~) ✓"
     report, result = shard(FSDP_AUTOPATCH=value)
-    ours = [line for line in result.stderr.splitlines() if WARNING_PREFIX in line]
-    assert len(ours) == 1 and ours[0].startswith(f"{WARNING_PREFIX}: ignoring FSDP_AUTOPATCH=")
+    (ours,) = own_lines(result.stderr)
+    assert ours.startswith(f"{WARNING_PREFIX}: ignoring FSDP_AUTOPATCH=")
     # An unrecognised value means auto: patched where the bug is, and the model trains.
     assert report["status"]["applied"] is layout_bug_here() and report["status"]["mode"] == "auto"
     assert report["result"]["sharded"] and len(report["result"]["losses"]) == 1
@@ -700,7 +701,7 @@ def test_transformers_without_usable_version(
     run = run_python(f"import torch.distributed.fsdp, transformers\n{STATUS}",
                      env=environment(PYTHONPATH=str(tmp_path)))
     assert run.returncode == 0, run.stderr[-4000:]
-    assert WARNING_PREFIX not in run.stderr and "Traceback" not in run.stderr
+    assert own_lines(run.stderr) == [] and "Traceback" not in run.stderr
     status = status_after(run)
     if source.startswith("def"):
         assert not status["applied"]

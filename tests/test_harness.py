@@ -52,6 +52,10 @@ def test_paths_are_made_portable(tmp_path: Path) -> None:
     captured = f"  package  {venv.site}/fsdp_autopatch\n  python 3.11.7 ({venv.python})\n"
     assert portable_text(captured, checkout) == (f"  package  .venv/{site}/fsdp_autopatch\n"
                                                  "  python 3.11.7 (.venv/bin/python)\n")
+    # A checkout's path with a space and non-ASCII letters, as a stranger's may be.
+    spaced = tmp_path / "déjà vu" / "fsdp-autopatch"
+    captured = f"ran {spaced}/tests/x.py and /srv/ci/envs/t213/bin/python3 on {spaced}/benchmarks\n"
+    assert portable_text(captured, spaced) == "ran tests/x.py and .venv/bin/python3 on benchmarks\n"
 
 
 def test_the_benchmark_header_names_no_machine_path(tmp_path: Path) -> None:

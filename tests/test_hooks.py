@@ -14,7 +14,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_python, shard_abc_head
+from conftest import (
+    LAYOUT_ERROR,
+    environment,
+    json_lines,
+    layout_bug_here,
+    own_lines,
+    run_python,
+    shard_abc_head,
+)
 
 import fsdp_autopatch
 from fsdp_autopatch import DDP_MODULE
@@ -68,15 +76,11 @@ IMPORT_BOTH = (
 )
 
 
-def ours(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if "fsdp-autopatch" in line or "FSDP_AUTOPATCH" in line]
-
-
 def test_silent_by_default_and_one_info_line_when_asked(real_torch: dict[str, str]) -> None:
     quiet = run_python(IMPORT_BOTH)
-    assert quiet.stdout == f"{layout_bug_here()}\n" and ours(quiet.stderr) == []
+    assert quiet.stdout == f"{layout_bug_here()}\n" and own_lines(quiet.stderr) == []
     told = run_python(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH_LOG="info"))
-    lines = ours(told.stderr)
+    lines = own_lines(told.stderr)
     # One line per site patched (FSDP2 imports composable DDP too), or one saying why not.
     actions = (["patched FSDP2 fully_shard for ABC-based modules at ",
                 "patched composable DDP replicate for ABC-based modules at "]
@@ -92,7 +96,7 @@ def test_silent_by_default_and_one_info_line_when_asked(real_torch: dict[str, st
 def test_bad_switch_value_warns_once_and_runs_in_auto_mode(installed: Path, value: str) -> None:
     result = run_python(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH=value))
     assert result.returncode == 0 and result.stdout == f"{layout_bug_here()}\n"
-    (line,) = ours(result.stderr)
+    (line,) = own_lines(result.stderr)
     assert line.startswith("fsdp-autopatch: ignoring FSDP_AUTOPATCH=") and len(line) < 300
     assert "0|off|false|no|disable" in line
 
