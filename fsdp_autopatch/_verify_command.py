@@ -526,7 +526,7 @@ def class_lines(ranked: RankClasses, applied: bool) -> list[str]:
         elif record.get("outcome") == _layout.REFUSED:
             lines.append(f"{head} {original} -> none that CPython accepts: {record.get('reason')}")
         else:
-            kept.append(str(original))
+            kept.append(str(record.get("wrapper")))  # FSDPX and DDPX: one class per site
     if kept:
         lines.append(f"{head} torch's own class kept for {len(kept)}: {', '.join(kept)}")
     unlisted = (ranked.seen or 0) - len(ranked.classes)

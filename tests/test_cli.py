@@ -37,7 +37,7 @@ from conftest import (
 )
 from harness import split_importtime
 
-from fsdp_autopatch import _config, _matrix
+from fsdp_autopatch import _config, _matrix, _verify
 
 SCRIPT = Path(sysconfig.get_path("scripts")) / ("fsdp-autopatch.exe" if os.name == "nt" else "fsdp-autopatch")
 DOCTOR_KEYS = {"version", "python", "torch", "transformers", "mode", "in_matrix", "decided_by",
@@ -315,6 +315,15 @@ def test_verify_exits_2_when_torch_has_no_distributed(without_distributed: str) 
         "(the PyPI wheels do)")
 
 
+ALL_TRAINED = "OK: 8 of 8 runs wrapped (FSDP2 fully_shard, composable DDP replicate) and trained"
+
+
+def result_of(row: str, run: str) -> str:
+    """The result column of verify's table row for ``run`` (a run's name may hold a space)."""
+    assert row.startswith(f"{run} "), (row, run)
+    return " ".join(row[len(run):].split()[:-1])
+
+
 def classes_shown(stdout: str) -> list[str]:
     """The per-rank class lines verify prints between its table and its verdict."""
     rows = stdout.splitlines()
@@ -327,31 +336,36 @@ def test_verify_shards_every_model_and_shows_the_bug_without_the_patch(real_torc
     fixed = run_cli("verify", command=[str(SCRIPT)])
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     rows = fixed.stdout.splitlines()
+    runs = _verify.runs((*HEADS, "causal-lm"))  # each with fully_shard, then with composable DDP
     assert rows[0].split() == ["model", "result", "seconds"]
-    assert [row.split()[:2] for row in rows[1:5]] == [[name, "sharded"] for name in (*HEADS, "causal-lm")]
-    assert "[4/4] causal-lm: sharded" in fixed.stderr
+    assert [result_of(row, run) for row, run in zip(rows[1:9], runs)] == ["sharded"] * 8
+    assert "[8/8] causal-lm (DDP): sharded" in fixed.stderr
     broken = run_cli("verify", command=[str(SCRIPT)], env=environment(FSDP_AUTOPATCH="0"))
     # The patch is not installed at all: no class goes through a patched site.
     assert classes_shown(broken.stdout) == [
         "rank 0: no class went through a patched site (the patch was not applied)"]
     if not layout_bug_here():
         # CPython accepts torch's classes: the patch stands aside, and nothing breaks without it.
-        assert rows[-1].startswith("OK: 4 of 4 models sharded with FSDP2 and trained; no patch was needed")
+        assert rows[-1].startswith(f"{ALL_TRAINED}; no patch was needed")
         assert "patch not applied: " in fixed.stderr
         assert broken.returncode == 0, broken.stdout + broken.stderr
         return
-    assert rows[-1].startswith("OK: 4 of 4 models sharded with FSDP2 and trained; the patch was applied")
+    assert rows[-1].startswith(f"{ALL_TRAINED}; the patch was applied")
     assert "patch applied: " in fixed.stderr
-    # Each head got a class built on abc.ABC; the decoder layer and the causal LM kept torch's.
+    # Each head got a class built on abc.ABC at each site; the decoder layer and the causal LM
+    # kept torch's.
     assert classes_shown(fixed.stdout) == [
-        *(f"rank 0: {name} -> FSDP{name} on abc.ABC" for name in HEAD_CLASSES.values()),
-        "rank 0: torch's own class kept for 2: Qwen2DecoderLayer, Qwen2ForCausalLM"]
+        *(f"rank 0: {name} -> {prefix}{name} on abc.ABC" for prefix in ("FSDP", "DDP")
+          for name in HEAD_CLASSES.values()),
+        "rank 0: torch's own class kept for 3: FSDPQwen2DecoderLayer, FSDPQwen2ForCausalLM, "
+        "DDPQwen2ForCausalLM"]
 
     assert broken.returncode == 1, broken.stdout + broken.stderr
     rows = broken.stdout.splitlines()
-    assert [row.split()[:3] for row in rows[1:4]] == [[name, "layout", "error"] for name in HEADS]
-    assert rows[4].split()[:2] == ["causal-lm", "sharded"]
-    assert rows[-1].startswith("FAIL: 3 of 4 models cannot be used with FSDP2 (__class__ assignment: ")
+    expected = (["layout error"] * 3 + ["sharded"]) * 2
+    assert [result_of(row, run) for row, run in zip(rows[1:9], runs)] == expected
+    assert rows[-1].startswith(
+        "FAIL: 6 of 8 runs cannot be used with FSDP2 or DDP (token-classification: __class__ assignment: ")
     assert rows[-1].endswith("the patch was not applied: disabled by FSDP_AUTOPATCH=0; unset FSDP_AUTOPATCH "
                              "to let the patch run")
 
@@ -372,8 +386,9 @@ def test_verify_json_on_two_ranks_without_torch_in_the_parent(real_torch: dict[s
     fixed = verify()
     assert fixed["exit_code"] == 0, fixed["verdict"]
     assert fixed["status"]["applied"] is layout_bug_here()  # type: ignore[index]
+    runs = _verify.runs(("token-classification", "causal-lm"))
     assert [(m["model"], m["result"], m["outcome"]) for m in fixed["models"]] == [  # type: ignore[attr-defined]
-        ("token-classification", "sharded", "trained"), ("causal-lm", "sharded", "trained")]
+        (run, "sharded", "trained") for run in runs]
     assert fixed["warning"] is None
     # Both ranks built their own classes, and said which.
     ranks = fixed["ranks"]
@@ -383,10 +398,13 @@ def test_verify_json_on_two_ranks_without_torch_in_the_parent(real_torch: dict[s
         if not layout_bug_here():  # the patch stood aside: no site was patched
             assert (rank["classes"], rank["classes_seen"]) == ([], 0)
             continue
-        outcomes = {record["name"]: (record["outcome"], record["parent"]) for record in rank["classes"]}
-        assert rank["classes_seen"] == len(outcomes) == 3, rank
-        assert outcomes["Qwen2DecoderLayer"] == outcomes["Qwen2ForCausalLM"] == ("torch", None)
-        assert outcomes[HEAD_CLASSES["token-classification"]] == ("compatible", "abc.ABC")
+        outcomes = {record["wrapper"]: (record["outcome"], record["parent"]) for record in rank["classes"]}
+        # fully_shard wraps the decoder layers and the root; composable DDP the root.
+        assert rank["classes_seen"] == len(outcomes) == 5, rank
+        head = HEAD_CLASSES["token-classification"]
+        for wrapper in ("FSDPQwen2DecoderLayer", "FSDPQwen2ForCausalLM", "DDPQwen2ForCausalLM"):
+            assert outcomes[wrapper] == ("torch", None)
+        assert outcomes[f"FSDP{head}"] == outcomes[f"DDP{head}"] == ("compatible", "abc.ABC")
 
     broken = verify(FSDP_AUTOPATCH="0")
     assert broken["status"]["mode"] == "off"  # type: ignore[index]
@@ -397,7 +415,7 @@ def test_verify_json_on_two_ranks_without_torch_in_the_parent(real_torch: dict[s
         return
     assert broken["exit_code"] == 1 and broken["ok"] is False
     assert [(m["model"], m["sharded"]) for m in broken["models"]] == [  # type: ignore[attr-defined]
-        ("token-classification", False), ("causal-lm", True)]
+        (run, _verify.run_kind(run)[0] == "causal-lm") for run in runs]
     assert LAYOUT_ERROR in broken["models"][0]["error"]  # type: ignore[index]
 
 
@@ -507,8 +525,6 @@ def test_console_writes_to_the_streams_of_the_moment(monkeypatch: pytest.MonkeyP
 
 def test_the_matrix_grades_by_verifys_rule_and_checks_its_exit_codes() -> None:
     import matrix  # tests/matrix.py, beside this file
-
-    from fsdp_autopatch import _verify
 
     def result(run: str, patched: bool) -> dict[str, object]:
         plain = _verify.run_kind(run)[0] == "causal-lm"

@@ -813,7 +813,8 @@ def move_names(module):
     moved["_unimplemented_deepcopy"] = sys.modules[FULLY_SHARD].__dict__.pop("_unimplemented_deepcopy")
 
 
-wrapt.register_post_import_hook(move_names, "torch.distributed.fsdp")
+# The site's own module: the package's hook patches a site as soon as its module has run.
+wrapt.register_post_import_hook(move_names, FULLY_SHARD)
 """
 # transformers first: the decision is then taken when torch.distributed.fsdp finishes importing.
 IMPORTS_THEN_RESTORE = """
