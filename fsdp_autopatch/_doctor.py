@@ -558,7 +558,7 @@ def run_doctor(options: argparse.Namespace, console: Console) -> int:
 
 def show_doctor(report: DoctorReport, console: Console) -> None:
     def row(label: str, text: str) -> None:
-        console.detail(f"  {label:<14}{text}")
+        console.detail(f"  {label:<16}{text}")
 
     def missing(version: Optional[str]) -> str:
         return version if version is not None else console.paint("not installed", "dim")
