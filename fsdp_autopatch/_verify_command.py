@@ -431,7 +431,7 @@ def verify_verdict(run: VerifyRun, timeout: float) -> tuple[int, str]:
         return EXIT_CANNOT_TELL, f"cannot verify: {run.launcher_killed}"
     if run.timed_out:
         return EXIT_CANNOT_TELL, (f"cannot verify: not finished within {timeout:g} s "
-                                 f"({len(run.results)} of {len(run.models)} models done); "
+                                 f"({len(run.results)} of {len(run.models)} runs done); "
                                  "rerun with a larger --timeout on a less loaded machine")
     if run.crash and run.status is None:
         return EXIT_CANNOT_TELL, f"cannot verify: {run.crash}"

@@ -426,7 +426,7 @@ def test_verify_timeout_exits_2_and_stops_every_rank(real_torch: dict[str, str])
     # One second is not enough to import torch, so this stops torchrun while it starts.
     result = run_cli("verify", "--nproc", "2", "--timeout", "1", env=env)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert last_line(result.stdout) == ("cannot verify: not finished within 1 s (0 of 4 models done); rerun "
+    assert last_line(result.stdout) == ("cannot verify: not finished within 1 s (0 of 8 runs done); rerun "
                                         "with a larger --timeout on a less loaded machine")
     assert processes_marked(marker) == []
 

@@ -218,22 +218,25 @@ def trained(model: str) -> str:
 
 def test_a_time_out_after_every_model_reported_judges_the_results(stand_in: str, tmp_path: Path) -> None:
     (tmp_path / "go").touch()  # every line at once, then the stand-in hangs, as a rank in teardown may
-    env = {"FAKE_TORCHRUN_RESULTS": "\n".join(trained(model) for model in _verify.MODELS)}
+    runs = _verify.runs(_verify.MODELS)  # every model with fully_shard and with composable DDP
+    env = {"FAKE_TORCHRUN_RESULTS": "\n".join(trained(run) for run in runs)}
     process, started, _ = stand_in_verify(stand_in, tmp_path, "--timeout", "10", env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stdout + stderr
-    done = len(_verify.MODELS)
-    assert stdout.splitlines()[-1] == (f"OK: {done} of {done} models sharded with FSDP2 and trained; no "
-                                       "patch was needed: a stand-in for torchrun")
+    done = len(runs)
+    assert stdout.splitlines()[-1] == (
+        f"OK: {done} of {done} runs wrapped (FSDP2 fully_shard, composable DDP replicate) and trained; no "
+        "patch was needed: a stand-in for torchrun")
     assert not alive(int(started.read_text()))
 
 
+RUNS = len(_verify.runs(_verify.MODELS))
 # How each case stops verify: the exit code, and the last line it prints there: the verdict on
 # stdout, or on stderr the one line a signal gets.
 STOPPED = {
-    "time-out": (2, "stdout", f"cannot verify: not finished within 10 s (0 of {len(_verify.MODELS)} models "
-                              "done); rerun with a larger --timeout on a less loaded machine"),
+    "time-out": (2, "stdout", f"cannot verify: not finished within 10 s (0 of {RUNS} runs done); rerun with "
+                              "a larger --timeout on a less loaded machine"),
     "SIGTERM": (128 + signal.SIGTERM, "stderr", "fsdp-autopatch verify: stopped by SIGTERM"),
     "Ctrl-C to the group": (EXIT_INTERRUPTED, "stderr", "fsdp-autopatch verify: interrupted"),
     "launcher killed": (2, "stdout", "cannot verify: torch.distributed.run was killed by SIGKILL (out of "
