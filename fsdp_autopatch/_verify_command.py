@@ -176,7 +176,9 @@ def launch_and_follow(run: VerifyRun, timeout: float, console: Console) -> None:
                 stop(launcher, marker)
                 if launcher is not None and launcher.stdout is not None:
                     launcher.stdout.close()
-        if ended is not None and ended != 0 and not run.timed_out and run.cannot_run is None:
+        # A launcher killed by a signal is said whatever its ranks reported; explain_failure
+        # looks no further then.
+        if ended is not None and ended != 0 and not run.timed_out and (run.cannot_run is None or ended < 0):
             launcher_stderr.seek(0)
             explain_failure(run, ended, launcher_stderr.read().decode(errors="replace"), Path(logs),
                             deadline)
@@ -425,10 +427,12 @@ def last_line(text: str, otherwise: str) -> str:
 
 def verify_verdict(run: VerifyRun, timeout: float) -> tuple[int, str]:
     """The exit code and the one line that says what happened and what to do."""
-    if run.cannot_run:
-        return EXIT_CANNOT_TELL, f"cannot verify: {run.cannot_run}"
+    # A launcher killed from outside comes first: its ranks then fail in ways of their own (a
+    # process group that loses its store says it "did not form").
     if run.launcher_killed:
         return EXIT_CANNOT_TELL, f"cannot verify: {run.launcher_killed}"
+    if run.cannot_run:
+        return EXIT_CANNOT_TELL, f"cannot verify: {run.cannot_run}"
     if run.timed_out:
         return EXIT_CANNOT_TELL, (f"cannot verify: not finished within {timeout:g} s "
                                  f"({len(run.results)} of {len(run.models)} runs done); "
