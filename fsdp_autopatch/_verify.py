@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
+from fsdp_autopatch._console import EXIT_CANNOT_TELL, EXIT_OK
 from fsdp_autopatch._sites import DDP_MODULE, FSDP2_PACKAGES
 
 # The three transformers heads that inherit abc.ABC in the affected releases (_matrix), and a
@@ -324,7 +325,7 @@ def cannot_run(problem: str) -> int:
     """Say why on stderr and as a JSON line (the launcher reads stdout only); exit code 2."""
     print(json.dumps({"cannot_run": problem}), flush=True)
     print(f"cannot verify: {problem}", file=sys.stderr)
-    return 2
+    return EXIT_CANNOT_TELL
 
 
 def main(argv: list[str]) -> int:
@@ -334,12 +335,12 @@ def main(argv: list[str]) -> int:
     """
     if argv == ["--check"]:
         problem = missing_prerequisite()
-        return 0 if problem is None else cannot_run(problem)
+        return EXIT_OK if problem is None else cannot_run(problem)
     kinds = argv or runs(MODELS)
     unknown = [kind for kind in kinds if run_kind(kind)[0] not in MODELS]
     if unknown:
         print(f"unknown model {unknown[0]!r}; choose from {', '.join(runs(MODELS))}", file=sys.stderr)
-        return 2
+        return EXIT_CANNOT_TELL
     problem = missing_prerequisite()
     if problem is not None:
         return cannot_run(problem)
@@ -363,7 +364,7 @@ def main(argv: list[str]) -> int:
         report_classes(rank, fsdp_autopatch.status().to_dict())
     finally:
         dist.destroy_process_group()
-    return 0
+    return EXIT_OK
 
 
 def report_classes(rank: int, status: Mapping[str, Any]) -> None:
