@@ -94,7 +94,8 @@ REPLICATE_ROW = Row(
     "2.9.1 and 2.10.0 read: replicate_with_fsdp.replicate_impl builds Replicate<Name> inline "
     "((FSDPModule, cls) in 2.9.1, (ReplicateModule, cls) in 2.10.0) with cls_to_replicate_cls; "
     "2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0 read: passed to _fsdp_init._apply_to_module like "
-    "fully_shard's; 2.13.0 run: layout error, fixed; 2.4.1 - 2.8.0 have no replicate_with_fsdp",
+    "fully_shard's; 2.10.0 (its 1-D mesh named) and 2.13.0 + transformers 4.55.2 run: layout error, "
+    "fixed; 2.4.1 - 2.8.0 have no replicate_with_fsdp",
     f"2.9{_TO}2.15",
     "FSDP2 `replicate()` (`_composable/replicate_with_fsdp.py`) builds `Replicate<Name>` the same way, "
     "with its own cache: patched",
@@ -105,7 +106,8 @@ DDP_ROW = Row(
     "torch", (2, 4), (2, 16), True,
     "2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0, 2.13.0 and 2.15.0 read: _composable/replicate.py's replicate() "
     "ends with type(f\"DDP{cls.__name__}\", (DDP, cls), dct) and module.__class__ = new_cls, no cache; "
-    "2.13.0 + transformers 4.55.2 run: layout error, fixed",
+    "2.4.1, 2.8.0, 2.10.0, 2.13.0 and 2.15.0 + transformers 4.55.2 run (verify, 2 gloo ranks): layout "
+    "error, fixed, trains exactly",
     f"2.4{_TO}2.15",
     "composable DDP `replicate()` (`_composable/replicate.py`) builds `DDP<Name>` inline, a new class "
     "per call: patched",

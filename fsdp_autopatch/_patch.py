@@ -230,10 +230,10 @@ def resolve(site: Site, just_ran: Optional[object] = None) -> Optional[Construct
     if current is not builtins.type and not isinstance(current, TypeStandIn):
         return None  # the module binds a type of its own: not the builtin this package stands in for
     wrapper = next(getattr(module, name) for name in site.wrappers if hasattr(module, name))
-    # The helper as the entry calls it: its own module's binding, so that the self-check goes
-    # where fully_shard goes.
-    helper = None if site.builder_module == site.module and site.builder == site.entry \
-        else getattr(module, site.builder)
+    # A builder in another module is torch 2.11+'s shared helper, called with the construction's
+    # arguments; it is taken as the entry calls it (its own module's binding), so that the
+    # self-check goes where fully_shard goes. A builder in the entry's module builds inline.
+    helper = getattr(module, site.builder) if site.builder_module != site.module else None
     if not isinstance(wrapper, type):
         return None
     return Construction(site, wrapper, getattr(module, site.deepcopy), builder_module, helper)

@@ -44,7 +44,9 @@ class Site:
         # torch's cls -> wrapper-class cache in ``module``, if this release keeps one: the patch only
         # drops from it the classes torch cached before the patch and CPython refuses.
         self.cache = cache
-        # The function that calls ``type``, if not ``entry`` itself (a shared helper torch calls).
+        # The function that calls ``type``, if not ``entry`` itself: in another module, torch 2.11+'s
+        # shared helper, which takes the construction as arguments; in ``module``, a function of
+        # the entry's that builds the class inline (FSDP2 replicate's replicate_impl, 2.9 - 2.10).
         self.builder_module, self.builder = builder or (module, entry)
 
     @property

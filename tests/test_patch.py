@@ -108,3 +108,47 @@ def test_an_abc_class_gets_one_compatible_class_that_cpython_accepts(stand_in: A
     assert built.__name__ == "WHead" and built.__module__ == upstream.__module__
     (kept,) = [r for r in _patch.classes.snapshot()[0] if r.name == Head.__qualname__]
     assert (kept.outcome, kept.parent, kept.site) == (_layout.COMPATIBLE, "abc.ABC", "torch_stand_in.wrap")
+
+
+INLINE_BUILDER = '''
+class Wrapper:
+    pass
+
+
+def deepcopy(*args):
+    raise AssertionError("not deep-copied")
+
+
+def wrap(module):
+    return wrap_impl(module)
+
+
+def wrap_impl(module):
+    cls = module.__class__
+    module.__class__ = type(f"W{cls.__name__}", (Wrapper, cls), {"__deepcopy__": deepcopy})
+    return module
+'''
+
+
+def test_a_builder_in_the_entrys_own_module_builds_inline_not_as_a_shared_helper() -> None:
+    """FSDP2 replicate on torch 2.9 and 2.10 builds its class in ``replicate_impl``, beside
+    ``replicate``: the self-check and the probe must run that construction inline, not call the
+    builder with torch 2.11's shared helper's arguments."""
+    module = types.ModuleType("torch_inline_stand_in")
+    exec(INLINE_BUILDER, module.__dict__)
+    sys.modules[module.__name__] = module
+    try:
+        inline = _sites.Site("stand-in API", module.__name__, "wrap", ("Wrapper",), "W", "deepcopy",
+                             builder=(module.__name__, "wrap_impl"))
+        construction = _patch.resolve(inline)
+        assert construction is not None and construction.helper is None
+        shared = _sites.Site("stand-in API", module.__name__, "wrap", ("Wrapper",), "W", "deepcopy",
+                             builder=("torch_helper_stand_in", "wrap_impl"))
+        helper_module = types.ModuleType("torch_helper_stand_in")
+        exec(INLINE_BUILDER, helper_module.__dict__)
+        sys.modules[helper_module.__name__] = helper_module
+        construction = _patch.resolve(shared)
+        assert construction is not None and construction.helper is module.wrap_impl
+    finally:
+        sys.modules.pop(module.__name__, None)
+        sys.modules.pop("torch_helper_stand_in", None)
