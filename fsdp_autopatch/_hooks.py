@@ -175,9 +175,10 @@ def try_install(just_ran: Optional[object] = None) -> None:
             _status.in_matrix, _status.decided_by = False, _matrix.MATRIX
             logger.info("%s", no_fsdp2)
             return
-        for api, problem in _unknown_layouts(torch_version, just_ran).items():
-            _site_failed(api, problem)
         loaded = {api: _patch.resolve_api(api, just_ran) for api in _sites.APIS if api not in _settled}
+        for api, problem in _unknown_layouts(loaded, torch_version, just_ran).items():
+            _site_failed(api, problem)
+            del loaded[api]
         if _decision is None:
             first = next((construction for construction in loaded.values() if construction), None)
             if first is None or (mode != _config.FORCE and TRANSFORMERS not in sys.modules):
@@ -241,16 +242,18 @@ def _torch_without_fsdp2(torch_version: Optional[str], just_ran: Optional[object
     return f"torch {torch_version} has no FSDP2 ({row.evidence}): nothing to patch"
 
 
-def _unknown_layouts(torch_version: Optional[str], just_ran: Optional[object]) -> dict[str, str]:
-    """For each API not settled yet whose torch module finished importing without any of the
-    sites this package knows for it (torch moved it), why it runs unpatched. fully_shard counts
-    as imported once an FSDP2 package that exports it is, except torch 2.4 and 2.5's
-    FSDP1-only torch.distributed.fsdp."""
+def _unknown_layouts(
+    loaded: dict[str, Optional[_patch.Construction]], torch_version: Optional[str], just_ran: Optional[object]
+) -> dict[str, str]:
+    """For each API not settled yet (``loaded``: its site, or None) whose torch module finished
+    importing without any of the sites this package knows for it (torch moved it), why it runs
+    unpatched. fully_shard counts as imported once an FSDP2 package that exports it is, except
+    torch 2.4 and 2.5's FSDP1-only torch.distributed.fsdp."""
     import fsdp_autopatch
 
     unknown = {}
-    for api in _sites.APIS:
-        if api in _settled or _patch.resolve_api(api, just_ran) is not None:
+    for api, construction in loaded.items():
+        if construction is not None:
             continue
         modules = {site.module for site in _sites.SITES if site.api == api}
         if api == _sites.FULLY_SHARD:
