@@ -9,6 +9,7 @@ import abc
 import sys
 import threading
 import types
+import typing
 from typing import Any
 
 import pytest
@@ -54,6 +55,13 @@ class Head(abc.ABC, Plain):  # the layout of transformers 4.54 - 4.55.2's heads
     pass
 
 
+T = typing.TypeVar("T")
+
+
+class GenericHead(typing.Generic[T], Plain):  # refused by every CPython, 3.15 included
+    pass
+
+
 def deepcopy(*args: Any) -> None:
     raise AssertionError("not deep-copied in these tests")
 
@@ -95,19 +103,44 @@ def test_plain_classes_get_torchs_class_built_per_call_as_torch_builds_it(stand_
         assert built.__bases__ == (Wrapper, Plain) and built.__module__ == "torch_stand_in"
 
 
-def test_an_abc_class_gets_one_compatible_class_that_cpython_accepts(stand_in: Any) -> None:
-    upstream = type("WHead", (Wrapper, Head), {})
-    instance = object.__new__(Head)
-    with pytest.raises(TypeError, match="object layout differs"):
-        instance.__class__ = upstream  # the bug, without the stand-in
-    built = stand_in("WHead", (Wrapper, Head), {"__deepcopy__": deepcopy})
-    assert stand_in("WHead", (Wrapper, Head), {"__deepcopy__": deepcopy}) is built
-    instance.__class__ = built
-    assert isinstance(instance, Wrapper) and isinstance(instance, Head) and built.__mro__[2] is Head
-    # ABCMeta's own __new__ calls type's, so both classes are named after its module, as torch's are.
-    assert built.__name__ == "WHead" and built.__module__ == upstream.__module__
-    (kept,) = [r for r in _patch.classes.snapshot()[0] if r.name == Head.__qualname__]
-    assert (kept.outcome, kept.parent, kept.site) == (_layout.COMPATIBLE, "abc.ABC", "torch_stand_in.wrap")
+def refused(cls: type, new: type) -> bool:
+    """Does CPython refuse ``instance_of_cls.__class__ = new``? (Asked on an instance.)"""
+    try:
+        object.__new__(cls).__class__ = new
+    except TypeError as error:
+        assert "object layout differs" in str(error)
+        return True
+    return False
+
+
+@pytest.mark.parametrize(("cls", "parent"), [(Head, "abc.ABC"), (GenericHead, "typing.Generic")])
+def test_a_class_cpython_refuses_gets_one_compatible_class_that_it_accepts(cls: type, parent: str) -> None:
+    name = f"W{cls.__name__}"
+    module = types.ModuleType(f"torch_stand_in_{cls.__name__}")
+    upstream = _layout.type_called_from(module.__name__)(name, (Wrapper, cls), {})  # as torch builds it
+    sys.modules[module.__name__] = module
+    site = _sites.Site("stand-in API", module.__name__, "wrap", ("Wrapper",), "W", "deepcopy")
+    construction = _patch.Construction(site, Wrapper, deepcopy, module, None)
+    _patch.install(construction)
+    try:
+        stand_in_call = module.type
+        built = stand_in_call(name, (Wrapper, cls), {"__deepcopy__": deepcopy})
+        if not refused(cls, upstream):
+            # This CPython accepts torch's class (3.15 and the ABC case): the stand-in stands aside.
+            assert built.__bases__ == (Wrapper, cls)
+            return
+        assert stand_in_call(name, (Wrapper, cls), {"__deepcopy__": deepcopy}) is built
+        instance = object.__new__(cls)
+        instance.__class__ = built
+        assert isinstance(instance, Wrapper) and isinstance(instance, cls) and built.__mro__[2] is cls
+        # Named after torch's module, or after ABCMeta's, whose own __new__ calls type's, as torch's is.
+        assert built.__name__ == name and built.__module__ == upstream.__module__
+        (kept,) = [r for r in _patch.classes.snapshot()[0] if r.name == cls.__qualname__]
+        site_name = f"{module.__name__}.wrap"
+        assert (kept.outcome, kept.parent, kept.site) == (_layout.COMPATIBLE, parent, site_name)
+    finally:
+        _patch.uninstall(construction)
+        del sys.modules[module.__name__]
 
 
 INLINE_BUILDER = '''
