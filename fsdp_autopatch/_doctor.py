@@ -351,10 +351,7 @@ def _read_api(api: str, torch_version: str, top: Path, search: Optional[Sequence
         details = missing.setdefault(shown, [])
         if problem not in details:
             details.append(problem)
-    # fully_shard's layout is what the hooks, the status and the docs call "FSDP2 layout".
-    what = "FSDP2" if api == _sites.FULLY_SHARD else api
-    unknown = (f"torch {torch_version}'s {what} layout is unknown to "
-               f"fsdp-autopatch {fsdp_autopatch.__version__}")
+    unknown = _sites.unknown_layout(api, torch_version)
     if not missing and api != _sites.FULLY_SHARD:  # FSDP2's replicate came in 2.9
         return LayoutAnswer(api, None, f"torch {torch_version} has no {api}")
     if not missing:  # every torch with FSDP2 has fully_shard somewhere

@@ -249,8 +249,6 @@ def _unknown_layouts(
     importing without any of the sites this package knows for it (torch moved it), why it runs
     unpatched. fully_shard counts as imported once an FSDP2 package that exports it is, except
     torch 2.4 and 2.5's FSDP1-only torch.distributed.fsdp."""
-    import fsdp_autopatch
-
     unknown = {}
     for api, construction in loaded.items():
         if construction is not None:
@@ -267,12 +265,9 @@ def _unknown_layouts(
         else:
             imported = any(_patch.loaded(module, just_ran) is not None for module in modules)
         if imported:
-            torch = f"torch {torch_version}" if torch_version else "this torch"
-            what = "FSDP2" if api == _sites.FULLY_SHARD else api
-            unknown[api] = (f"{torch}'s {what} layout is unknown to fsdp-autopatch "
-                            f"{fsdp_autopatch.__version__} (none of the class-construction sites it "
-                            f"patches is there); upgrade fsdp-autopatch, or set {_config.MODE_VARIABLE}=0 "
-                            "if you do not need it")
+            unknown[api] = (f"{_sites.unknown_layout(api, torch_version)} (none of the class-construction "
+                            f"sites it patches is there); upgrade fsdp-autopatch, or set "
+                            f"{_config.MODE_VARIABLE}=0 if you do not need it")
     return unknown
 
 

@@ -89,6 +89,17 @@ SITES = (
 )
 
 
+def unknown_layout(api: str, torch_version: "str | None") -> str:
+    """"torch X's FSDP2 layout is unknown to fsdp-autopatch V": the start of what the status, the
+    log and doctor say when the loaded torch has none of ``api``'s sites. fully_shard's layout
+    is what the docs call FSDP2's."""
+    import fsdp_autopatch
+
+    torch = f"torch {torch_version}" if torch_version else "this torch"
+    what = "FSDP2" if api == FULLY_SHARD else api
+    return f"{torch}'s {what} layout is unknown to fsdp-autopatch {fsdp_autopatch.__version__}"
+
+
 def shape_problem(site: Site, has: "object", code_of: "object") -> "str | None":
     """What the loaded (or compiled) torch lacks for ``site``, in a few words; None when it has it.
 
