@@ -264,7 +264,13 @@ def _unknown_layouts(
             imported = packages[1] is not None or (packages[0] is not None and not older)
         else:
             imported = any(_patch.loaded(module, just_ran) is not None for module in modules)
-        if imported:
+        if not imported:
+            continue
+        sites = (site for site in _sites.SITES if site.api == api)
+        bound = next(filter(None, map(_patch.user_binding, sites)), None)
+        if bound is not None:
+            unknown[api] = f"{bound}; remove that binding, or call torch's own"
+        else:
             unknown[api] = (f"{_sites.unknown_layout(api, torch_version)} (none of the class-construction "
                             f"sites it patches is there); upgrade fsdp-autopatch, or set "
                             f"{_config.MODE_VARIABLE}=0 if you do not need it")
@@ -361,6 +367,15 @@ def current_status() -> Optional[Status]:
             return None
         classes, seen = _patch.classes.snapshot()
         current = dataclasses.replace(_status, classes=classes, classes_seen=seen)
+        # "Patched" only while the fix is in place: a reload or a rebinding since may have undone it.
+        for construction in list(_patch.installed):
+            problem = _patch.undone(construction)
+            if problem is not None and construction.site.name in current.sites:
+                current.sites = tuple(site for site in current.sites if site != construction.site.name)
+                current.reason += (f"; {construction.site.api} is no longer patched: {problem} (the fix "
+                                   f"does not follow a reload or a rebinding of torch's modules: "
+                                   f"restart the process without it)")
+        current.applied = bool(current.sites) and current.applied
     if current.transformers is None and TRANSFORMERS in sys.modules:
         # Imported after the decision, which did not need it (force mode, an unknown layout).
         try:

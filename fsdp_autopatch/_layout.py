@@ -16,10 +16,17 @@ The fix builds, per layout parent ``P`` (``ABC``, ``Generic[T]``, a ``collection
 a mirror of the wrapper's class chain that sits on ``P``: ``FSDPModule'(P, FSDPModule)``. The
 wrapper class for ``cls`` is then ``type(f"FSDP{name}", (FSDPModule', cls), ns)``: its layout
 chain matches, it is still a subclass of ``FSDPModule``, and the original class keeps its MRO
-index. Upstream's MRO puts ``FSDPModule`` before ``cls``; here ``cls`` (down to ``P``) comes
-before the real ``FSDPModule``. So the mirror holds, for every name of the wrapper's chain, a
-stand-in that looks the name up on the real classes at each access: a monkeypatch of
-``FSDPModule`` (replaced, restored, deleted) reaches these modules as it reaches upstream's.
+index. The mirror is built on a private empty-slots class and then moved onto ``P`` by
+``__bases__`` assignment, which runs no ``__init_subclass__`` and no metaclass: users' class
+hooks run only for the class their modules get. It is held weakly, so it lives exactly as long
+as the classes built on it.
+
+Upstream's MRO puts ``FSDPModule`` before ``cls``; here ``cls`` (down to ``P``) comes before the
+real ``FSDPModule``. For a name that both that head of ``cls`` and the wrapper's chain define
+(rare: ``_apply`` where ``nn.Module`` sits before ``P``), the mirror holds a stand-in that looks
+the name up on the real classes at each access, so a monkeypatch of ``FSDPModule`` reaches these
+modules as it reaches upstream's. Every other name resolves on the real classes by the MRO
+itself, to the very functions upstream's class finds (which ``torch.compile`` traces alike).
 
 Pure Python; no torch here.
 """
@@ -31,6 +38,7 @@ import dis
 import logging
 import types
 import typing
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -222,12 +230,13 @@ def _stand_in(chain: tuple[type, ...], name: str) -> WrapperAttribute:
     return (WrapperDataAttribute if data else WrapperAttribute)(chain, name)
 
 
-def _mirror_class(original: type, base: type) -> type:
+def _mirror_class(original: type, base: type, shadowed: frozenset[str]) -> type:
     """A class named as ``original``, with bases ``(base, original)``, holding a stand-in for
-    every name of ``original``'s chain, so that those names resolve before the original class's
-    own (as upstream's MRO has them) and always to what the real classes hold now."""
+    each ``shadowed`` name of ``original``'s chain, so that those names resolve before the
+    original class's own (as upstream's MRO has them) and always to what the real classes hold
+    now."""
     chain = original.__mro__[:-1]  # without object
-    names = {name for cls in chain for name in cls.__dict__ if name not in _CLASS_METADATA}
+    names = {name for cls in chain for name in cls.__dict__} & shadowed
 
     def fill(namespace: dict[str, Any]) -> None:
         namespace.update((name, _stand_in(chain, name)) for name in sorted(names))
@@ -235,32 +244,65 @@ def _mirror_class(original: type, base: type) -> type:
         namespace["__qualname__"] = original.__qualname__
         namespace["__doc__"] = original.__doc__
 
-    # typing.Generic refuses to be subclassed bare; Generic[T] puts the same class in the bases.
-    first = typing.Generic[_GENERIC_PARAMETER] if base is typing.Generic else base
-    return types.new_class(original.__name__, (first, original), exec_body=fill)
+    return types.new_class(original.__name__, (base, original), exec_body=fill)
+
+
+class _Detached:
+    """Where a mirror chain is built before it moves onto its layout parent: empty slots on
+    ``object``, as the parents are, and no class hooks."""
+
+    __slots__ = ()
+
+
+def shadowed_names(wrapper: type, cls: type, parent: type) -> frozenset[str]:
+    """The names of the wrapper's chain that a class of ``cls``'s MRO placed before the real
+    wrapper (``cls`` down to ``parent``, and ``parent``'s own bases) also defines: only these
+    need a stand-in in the mirror. Errs towards more names, which are always correct."""
+    mro = cls.__mro__
+    head = {c for c in (*mro[: mro.index(parent) + 1], *parent.__mro__) if c is not object}
+    wrapper_names = {name for c in wrapper.__mro__[:-1] for name in c.__dict__} - _CLASS_METADATA
+    return frozenset(name for name in wrapper_names if any(name in c.__dict__ for c in head))
 
 
 class WrapperMirrors:
-    """Per (wrapper, layout parent), the mirror of the wrapper's class chain sitting on that parent.
-
-    Built once and shared by every original class with that parent; thread safe through the
-    caller's lock (class construction in torch runs under its own, see ``_patch``).
-    """
+    """Per (wrapper, layout parent, shadowed names), the mirror of the wrapper's class chain
+    sitting on that parent, shared by every class built on it while one lives."""
 
     def __init__(self) -> None:
-        self._mirrors: dict[tuple[type, type], type] = {}
+        # Weak: a mirror lives as long as the classes built on it. Keyed by identity: a live
+        # mirror holds its wrapper and parent, so neither id can be reused while the entry exists.
+        self._mirrors: weakref.WeakValueDictionary[tuple[int, int, frozenset[str]], type] = \
+            weakref.WeakValueDictionary()
 
-    def get(self, wrapper: type, parent: type) -> type:
-        key = (wrapper, parent)
+    def get(self, wrapper: type, parent: type, shadowed: frozenset[str] = frozenset()) -> type:
+        key = (id(wrapper), id(parent), shadowed)
         mirror = self._mirrors.get(key)
         if mirror is None:
-            chain = [c for c in reversed(wrapper.__mro__) if c is not object]
-            if any(len(c.__bases__) != 1 for c in chain):
-                raise TypeError(f"{wrapper.__qualname__} has multiple bases; cannot mirror it")
-            mirror = parent
+            mirror = self._build(wrapper, parent, shadowed)
+            mirror = self._mirrors.setdefault(key, mirror)
+        return mirror
+
+    @staticmethod
+    def _build(wrapper: type, parent: type, shadowed: frozenset[str]) -> type:
+        chain = [c for c in reversed(wrapper.__mro__) if c is not object]
+        if any(len(c.__bases__) != 1 for c in chain):
+            raise TypeError(f"{wrapper.__qualname__} has multiple bases; cannot mirror it")
+        mirror: type = _Detached
+        bottom: Optional[type] = None
+        for original in chain:
+            mirror = _mirror_class(original, mirror, shadowed)
+            bottom = bottom or mirror
+        assert bottom is not None
+        try:
+            # CPython checks the layouts as for __class__, recomputes the MROs of the whole chain,
+            # and calls no hook of the parent's.
+            bottom.__bases__ = (parent, chain[0])
+        except TypeError:
+            # A parent whose layout the private base does not share: built on it directly, so
+            # the parent's own class hooks run for the mirror too.
+            mirror = parent if parent is not typing.Generic else typing.Generic[_GENERIC_PARAMETER]  # type: ignore[assignment]
             for original in chain:
-                mirror = _mirror_class(original, mirror)
-            self._mirrors[key] = mirror
+                mirror = _mirror_class(original, mirror, shadowed)
         return mirror
 
 
@@ -377,7 +419,8 @@ def _compatible_class(
     failures = []
     for parent in layout_parents(cls):
         try:
-            new_cls = build(name, (mirrors.get(wrapper, parent), cls), dict(namespace))
+            mirror = mirrors.get(wrapper, parent, shadowed_names(wrapper, cls, parent))
+            new_cls = build(name, (mirror, cls), dict(namespace))
         except TypeError as error:  # no consistent MRO, a parent that cannot be subclassed so,
             # or the class's own __init_subclass__ or metaclass refusing a second FSDP<Name>
             failures.append(f"on {parent_name(parent)}: {type(error).__name__}: {error}")

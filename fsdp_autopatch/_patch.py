@@ -1,29 +1,33 @@
-"""The patch: a stand-in for ``type`` in the torch module that builds wrapper classes.
+"""The patch: the torch function that builds wrapper classes calls a stand-in for ``type``.
 
 Each site of ``_sites`` builds ``type(f"{prefix}{name}", (Wrapper, cls), {"__deepcopy__": ...})``
-in a function that calls ``type`` by its global name. ``install`` puts a ``TypeStandIn`` there as
-the module's global ``type``: for that one call shape it builds torch's own class, by the very
-call torch makes, and returns it where CPython accepts it for ``cls``, or a layout-compatible
-class (``_layout``) where CPython refuses it; every other call is the builtin's. torch's public
-functions and its class caches stay torch's own objects (``get_cls_to_fsdp_cls()`` is a plain
-dict), so every alias of ``fully_shard`` and every reader of a cache sees what torch made.
+in a function (the *builder*) that calls ``type`` by its global name. ``install`` gives that one
+function's code object a private global name in place of ``type`` (``code.replace``: the function
+object stays, so every alias of ``fully_shard`` and ``replicate`` users hold reaches the fix) and
+binds a ``TypeStandIn`` under that name. The module's own ``type`` stays the builtin, so its
+public names, star imports, annotations and ``eval`` are torch's alone. For the site's call shape
+the stand-in builds torch's own class, by the very call torch makes, and returns it where CPython
+accepts it for ``cls``, or a layout-compatible class (``_layout``) where CPython refuses it;
+every other call is the builtin's (or whatever the module's ``type`` is now, if a user rebound it).
 
-After installing, ``check`` sends a throwaway ``class (ABC, nn.Module)`` instance through torch's
-construction at the site; only a site that passes counts as patched. ``probe_layout_bug`` does
-the same unpatched, to ask torch and CPython whether the bug is here at all.
+After installing, ``check`` sends a throwaway ``class (ABC)`` instance through torch's
+construction at the site; only a site that passes counts as patched, and ``undone`` tells, when
+the status is asked, whether that is still so. ``probe_layout_bug`` does the same unpatched, to
+ask torch and CPython whether the bug is here at all.
 """
 
 from __future__ import annotations
 
 import abc
 import builtins
+import dis
 import inspect
 import logging
 import sys
 import threading
 import weakref
 from dataclasses import dataclass
-from types import ModuleType
+from types import CodeType, FunctionType, ModuleType
 from typing import Any, Callable, Optional
 
 from fsdp_autopatch import _layout, _sites
@@ -32,10 +36,14 @@ from fsdp_autopatch._sites import Site
 logger = logging.getLogger("fsdp_autopatch")
 
 _mirrors = _layout.WrapperMirrors()
-# One decision per original class and wrapper, also when threads wrap modules of one class at
-# once. Reentrant: building a class runs users' __init_subclass__ and metaclasses, which may wrap
-# a module themselves in this thread, as they can without the patch (torch holds no lock there).
+# Guards the package's own tables only: never held while a class is built, so users'
+# __init_subclass__, metaclasses and logging handlers run with no lock of ours held, as without
+# the patch. Reentrant for the logging and the self-check that run under the hooks' lock.
 _lock = threading.RLock()
+
+# The global name under which a builder's code finds the stand-in, in place of ``type``: private
+# (a leading underscore keeps it out of star imports), and bound in that builder's module only.
+PRIVATE_TYPE = "_fsdp_autopatch_type"
 
 
 class Construction:
@@ -50,15 +58,37 @@ class Construction:
         self.deepcopy = deepcopy
         self.module = module
         self.helper = helper
-        # What became of each original class: per class, not per call (weak: torch's cache, where
-        # there is one, is what keeps classes alive, as without the patch).
-        self.chosen: weakref.WeakKeyDictionary[type, _layout.WrapperClass] = weakref.WeakKeyDictionary()
+        # What became of each original class: per class, not per call. It holds no class: torch's
+        # cache (FSDP2) or the modules (composable DDP) keep the classes alive, as without the patch.
+        self.decisions: weakref.WeakKeyDictionary[type, Decision] = weakref.WeakKeyDictionary()
+        # The builder function whose code was redirected, and its code before and after.
+        self.function: Optional[FunctionType] = None
+        self.patched_code: Optional[CodeType] = None
 
     def name(self, cls: type) -> str:
         return f"{self.site.prefix}{cls.__name__}"
 
     def namespace(self) -> dict[str, Any]:
         return {"__deepcopy__": self.deepcopy}
+
+
+class Decision:
+    """What a site does with one original class, holding neither it nor a class built from it:
+    the compatible class only weakly (while torch's cache or a module has it)."""
+
+    __slots__ = ("_compatible", "outcome")
+
+    def __init__(self, chosen: _layout.WrapperClass) -> None:
+        self.outcome = chosen.outcome
+        self._compatible: Optional[weakref.ref[type]] = None
+        if chosen.outcome == _layout.COMPATIBLE:
+            self.keep(chosen.cls)
+
+    def keep(self, compatible: type) -> None:
+        self._compatible = weakref.ref(compatible)
+
+    def compatible(self) -> Optional[type]:
+        return None if self._compatible is None else self._compatible()
 
 
 @dataclass(frozen=True)
@@ -133,21 +163,30 @@ def _record(cls: type, site: str, chosen: _layout.WrapperClass) -> None:
 
 
 class TypeStandIn:
-    """The global ``type`` of a torch module that builds wrapper classes (see the module's doc).
+    """What a builder's code calls in place of ``type`` (see the module's doc).
 
-    It answers ``isinstance``, ``issubclass`` and attribute look-ups as the builtin does, so the
-    rest of the module's code cannot tell it from ``type``.
+    It answers ``isinstance``, ``issubclass`` and attribute look-ups as the module's ``type``
+    does, so the rest of the builder's code cannot tell it from ``type``.
     """
 
-    def __init__(self, module_name: str) -> None:
+    def __init__(self, module_globals: dict[str, Any]) -> None:
+        self.globals = module_globals
+        module_name = module_globals.get("__name__", "?")
         self.module_name = module_name
         # type() names a new class's __module__ after the calling frame's globals: torch's module.
         self.build = _layout.type_called_from(module_name)
         self.constructions: dict[type, Construction] = {}  # by wrapper class
+        # The functions whose code loads this stand-in: function -> its code before.
+        self.originals: dict[FunctionType, CodeType] = {}
 
-    __wrapped__ = builtins.type
+    def own_type(self) -> Any:
+        """What the module's own code calls ``type`` now: the builtin, unless a user rebound it."""
+        return self.globals.get("type", builtins.type)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        own = self.own_type()
+        if own is not builtins.type:  # rebound after the install: the user's, as without the patch
+            return own(*args, **kwargs)
         if len(args) == 3 and not kwargs:
             name, bases, _namespace = args
             if builtins.type(bases) is tuple and len(bases) == 2 and isinstance(bases[0], builtins.type) \
@@ -160,37 +199,125 @@ class TypeStandIn:
     def wrapper_class(self, construction: Construction, cls: type, args: tuple[Any, ...]) -> type:
         """torch's class for ``cls``, built by torch's own call each time torch asks (once per
         class where torch caches it, once per call where it does not), unless CPython refuses it:
-        then the layout-compatible class, built once per class."""
-        chosen = construction.chosen.get(cls)
-        if chosen is None:
-            with _lock:
-                chosen = construction.chosen.get(cls)
-                if chosen is None:
-                    upstream = self.build(*args)  # torch's call; what it raises is torch's
-                    try:
-                        chosen = _layout.wrapper_class(
-                            _mirrors, construction.wrapper, cls, args[0], construction.namespace(),
-                            self.module_name, upstream)
-                    except Exception as error:  # this package's failure: torch's class, as without it
-                        chosen = _layout.WrapperClass(
-                            upstream, _layout.REFUSED,
-                            reason=f"fsdp-autopatch failed: {type(error).__name__}: {error}")
-                    construction.chosen[cls] = chosen
-                    _record(cls, construction.site.name, chosen)
-                    return chosen.cls
-        return chosen.cls if chosen.outcome == _layout.COMPATIBLE else self.build(*args)
+        then the layout-compatible class, built once per class while one lives.
+
+        No lock is held while classes are built: they run users' hooks, which may wrap modules
+        from other threads. Threads that race on one class decide alike; the first to finish
+        keeps its compatible class for the others, as torch's cache keeps one of theirs.
+        """
+        decision = construction.decisions.get(cls)
+        if decision is not None:
+            if decision.outcome != _layout.COMPATIBLE:
+                return self.build(*args)  # torch's class, by torch's call (refused: torch's error)
+            compatible = decision.compatible()
+            if compatible is not None:
+                return compatible
+        upstream = self.build(*args)  # torch's call; what it raises is torch's
+        try:
+            chosen = _layout.wrapper_class(
+                _mirrors, construction.wrapper, cls, args[0], construction.namespace(),
+                self.module_name, upstream)
+        except Exception as error:  # this package's failure: torch's class, as without it
+            chosen = _layout.WrapperClass(upstream, _layout.REFUSED,
+                                          reason=f"fsdp-autopatch failed: {type(error).__name__}: {error}")
+        with _lock:
+            decision = construction.decisions.get(cls)
+            first = decision is None
+            if decision is None:
+                construction.decisions[cls] = Decision(chosen)
+            elif decision.outcome == _layout.COMPATIBLE:
+                kept = decision.compatible()
+                if kept is not None:
+                    return kept
+                if chosen.outcome == _layout.COMPATIBLE:
+                    decision.keep(chosen.cls)
+        if first:
+            _record(cls, construction.site.name, chosen)
+        return chosen.cls
 
     def __instancecheck__(self, instance: Any) -> bool:
-        return isinstance(instance, builtins.type)
+        return isinstance(instance, self.own_type())
 
     def __subclasscheck__(self, subclass: type) -> bool:
-        return issubclass(subclass, builtins.type)
+        return issubclass(subclass, self.own_type())
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(builtins.type, name)
+        return getattr(self.own_type(), name)
 
     def __repr__(self) -> str:
         return f"<fsdp_autopatch stand-in for type in {self.module_name}>"
+
+
+_LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
+_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
+# From 3.11, LOAD_GLOBAL's argument is the name's index shifted left by one, its low bit saying
+# whether to push NULL before the value.
+_LOAD_GLOBAL_SHIFT = 1 if sys.version_info >= (3, 11) else 0
+
+
+def redirected(code: CodeType, old: str = "type", new: str = PRIVATE_TYPE) -> Optional[CodeType]:
+    """``code`` (and the code nested in it) with every ``LOAD_GLOBAL old`` loading ``new``; None
+    when that cannot be done without moving instructions.
+
+    Where no other instruction uses the name (``x.type`` is an attribute of the same name), the
+    name itself is renamed in ``co_names``; else ``new`` is appended and each LOAD_GLOBAL's
+    argument rewritten in place, within the bytes it has (its EXTENDED_ARG prefixes included).
+    Instruction offsets, jumps, line and exception tables stay as they are on CPython 3.9 - 3.15.
+    """
+    consts = []
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            nested = redirected(const, old, new)
+            if nested is None:
+                return None
+            const = nested
+        consts.append(const)
+    changes: dict[str, Any] = {"co_consts": tuple(consts)}
+    if old in code.co_names:
+        instructions = list(dis.get_instructions(code))
+        loads = [i for i in instructions if i.opcode == _LOAD_GLOBAL and i.argval == old]
+        shared = any(i.opcode in dis.hasname and i.opcode != _LOAD_GLOBAL and i.argval == old
+                     for i in instructions)
+        if not shared:
+            changes["co_names"] = tuple(new if name == old else name for name in code.co_names)
+        else:
+            index = len(code.co_names)
+            raw = bytearray(code.co_code)
+            low = (1 << _LOAD_GLOBAL_SHIFT) - 1
+            for load in loads:
+                argument = (index << _LOAD_GLOBAL_SHIFT) | ((load.arg or 0) & low)
+                start = load.offset
+                while start >= 2 and raw[start - 2] == _EXTENDED_ARG:
+                    start -= 2
+                room = (load.offset - start) // 2 + 1
+                if argument >= 1 << (8 * room):
+                    return None
+                for byte in range(room):
+                    raw[load.offset - 2 * byte + 1] = (argument >> (8 * byte)) & 0xFF
+            changes["co_code"] = bytes(raw)
+            changes["co_names"] = (*code.co_names, new)
+    return code.replace(**changes)
+
+
+def bound_function(module_name: str, name: str) -> Any:
+    """What the loaded module binds under ``name``, under its decorators (``functools.wraps``
+    chains, as torch's ``contract`` makes); None where the module or the name is missing."""
+    value = getattr(sys.modules.get(module_name), name, None)
+    return inspect.unwrap(value) if callable(value) else value
+
+
+def builder_function(construction: Construction) -> Optional[FunctionType]:
+    """The function whose code calls ``type`` at this site, or None."""
+    function = bound_function(construction.site.builder_module, construction.site.builder)
+    return function if isinstance(function, FunctionType) else None
+
+
+def code_before(function: FunctionType) -> CodeType:
+    """The function's code as torch wrote it: before this package redirected it, if it did."""
+    stand_in = function.__globals__.get(PRIVATE_TYPE)
+    if isinstance(stand_in, TypeStandIn):
+        return stand_in.originals.get(function, function.__code__)
+    return function.__code__
 
 
 def initializing(module: object) -> bool:
@@ -209,8 +336,10 @@ def loaded(name: str, just_ran: Optional[object] = None) -> Optional[ModuleType]
 
 
 def _code_of(module_name: str, name: str) -> list[Any]:
-    function = getattr(sys.modules.get(module_name), name, None)
-    code = getattr(inspect.unwrap(function), "__code__", None) if callable(function) else None
+    function = bound_function(module_name, name)
+    if isinstance(function, FunctionType):
+        return [code_before(function)]
+    code = getattr(function, "__code__", None)
     return [] if code is None else [code]
 
 
@@ -224,11 +353,8 @@ def resolve(site: Site, just_ran: Optional[object] = None) -> Optional[Construct
     module, builder_module = loaded(site.module, just_ran), loaded(site.builder_module, just_ran)
     if module is None or builder_module is None:
         return None
-    if _sites.shape_problem(site, _has, _code_of) is not None:
+    if _sites.shape_problem(site, _has, _code_of) is not None or user_binding(site) is not None:
         return None
-    current = builder_module.__dict__.get("type", builtins.type)
-    if current is not builtins.type and not isinstance(current, TypeStandIn):
-        return None  # the module binds a type of its own: not the builtin this package stands in for
     wrapper = next(getattr(module, name) for name in site.wrappers if hasattr(module, name))
     # A builder in another module is torch 2.11+'s shared helper, called with the construction's
     # arguments; it is taken as the entry calls it (its own module's binding), so that the
@@ -237,6 +363,25 @@ def resolve(site: Site, just_ran: Optional[object] = None) -> Optional[Construct
     if not isinstance(wrapper, type):
         return None
     return Construction(site, wrapper, getattr(module, site.deepcopy), builder_module, helper)
+
+
+def user_binding(site: Site) -> Optional[str]:
+    """What a user bound in torch's module before the install that keeps the site from torch's
+    own construction: a ``type`` of their own, or another function under the builder's name.
+    None where torch's are there (or the module is not loaded)."""
+    module = sys.modules.get(site.builder_module)
+    if module is None:
+        return None
+    before = "bound before fsdp-autopatch installed"
+    own = module.__dict__.get("type", builtins.type)
+    if own is not builtins.type:
+        return f"{site.builder_module}.type is {own!r}, not the builtin: {before}"
+    function = bound_function(site.builder_module, site.builder)
+    origin = getattr(function, "__module__", site.builder_module)
+    if function is not None and origin != site.builder_module:
+        return (f"{site.builder_module}.{site.builder} is {origin}.{getattr(function, '__qualname__', '?')}, "
+                f"not torch's: {before}")
+    return None
 
 
 def resolve_api(api: str, just_ran: Optional[object] = None) -> Optional[Construction]:
@@ -249,17 +394,31 @@ def resolve_api(api: str, just_ran: Optional[object] = None) -> Optional[Constru
     return None
 
 
+# The constructions installed, in order, for ``undone``.
+installed: list[Construction] = []
+
+
 def install(construction: Construction) -> None:
-    """Put the stand-in in place for this construction's wrapper, and drop what torch cached
-    before the patch for classes CPython refuses (its failed attempts), so that the next call
-    for them builds anew."""
-    module = construction.module
+    """Redirect the builder's code to the stand-in for this construction's wrapper, and drop what
+    torch cached before the patch for classes CPython refuses (its failed attempts), so that the
+    next call for them builds anew. Raises TypeError where the code cannot be redirected."""
+    function = builder_function(construction)
+    if function is None:
+        raise TypeError(f"{construction.site.builder} is not a plain function")
     with _lock:
-        stand_in = module.__dict__.get("type")
+        stand_in = function.__globals__.get(PRIVATE_TYPE)
         if not isinstance(stand_in, TypeStandIn):
-            stand_in = TypeStandIn(module.__name__)
-            module.type = stand_in  # type: ignore[attr-defined]
+            stand_in = TypeStandIn(function.__globals__)
+        if function not in stand_in.originals:
+            patched = redirected(function.__code__)
+            if patched is None:
+                raise TypeError(f"{construction.site.builder}'s bytecode cannot be redirected")
+            function.__globals__[PRIVATE_TYPE] = stand_in
+            stand_in.originals[function] = function.__code__
+            function.__code__ = patched
         stand_in.constructions[construction.wrapper] = construction
+        construction.function, construction.patched_code = function, function.__code__
+        installed.append(construction)
     cache = getattr(sys.modules.get(construction.site.module), construction.site.cache or "", None)
     if isinstance(cache, dict):
         for cls, built in list(cache.items()):
@@ -270,15 +429,57 @@ def install(construction: Construction) -> None:
 
 
 def uninstall(construction: Construction) -> None:
-    """Take this construction's wrapper out of the stand-in; the builtin ``type`` is back once
-    the stand-in serves no other wrapper."""
-    module = construction.module
+    """Take this construction's wrapper out of the stand-in; torch's code, and a module without
+    the stand-in, are back once it serves no other wrapper."""
+    function = construction.function
     with _lock:
-        stand_in = module.__dict__.get("type")
-        if isinstance(stand_in, TypeStandIn):
-            stand_in.constructions.pop(construction.wrapper, None)
-            if not stand_in.constructions:
-                del module.type  # type: ignore[attr-defined]
+        if construction in installed:
+            installed.remove(construction)
+        if function is None:
+            return
+        stand_in = function.__globals__.get(PRIVATE_TYPE)
+        if not isinstance(stand_in, TypeStandIn):
+            return
+        stand_in.constructions.pop(construction.wrapper, None)
+        if not stand_in.constructions:
+            for redirected_function, code in stand_in.originals.items():
+                redirected_function.__code__ = code
+            stand_in.originals.clear()
+            del function.__globals__[PRIVATE_TYPE]
+
+
+def undone(construction: Construction) -> Optional[str]:
+    """Why the installed fix no longer reaches this site's modules, in a few words; None while it
+    does. Asked whenever the status is: a reload of torch's module, a builder, entry or ``type``
+    rebound, or code replaced since the install all undo it."""
+    site, function = construction.site, construction.function
+    if function is None:
+        return "it was never installed"
+    stand_in = function.__globals__.get(PRIVATE_TYPE)
+    current = bound_function(site.builder_module, site.builder)
+    if current is not function:
+        reloaded = isinstance(current, FunctionType) and \
+            current.__code__.co_filename == function.__code__.co_filename
+        if reloaded:
+            return f"{site.builder_module} was reloaded, which made a new {site.builder}"
+        return f"{site.builder_module}.{site.builder} was rebound to {current!r}"
+    if function.__code__ is not construction.patched_code:
+        return f"the code of {site.builder_module}.{site.builder} was replaced"
+    if not isinstance(stand_in, TypeStandIn) or construction.wrapper not in stand_in.constructions:
+        return "the stand-in for type was removed"
+    own = stand_in.own_type()
+    if own is not builtins.type:
+        return f"{site.builder_module}.type was rebound to {own!r}"
+    if site.builder_module != site.module:  # the entry calls the builder by its own module's name
+        helper = bound_function(site.module, site.builder)
+        if helper is not function:
+            return f"{site.module}.{site.builder} was rebound to {helper!r}"
+    entry_module = sys.modules.get(site.module)
+    wrapper = next((getattr(entry_module, name) for name in site.wrappers if hasattr(entry_module, name)),
+                   None)
+    if wrapper is not construction.wrapper:
+        return f"{site.module} was reloaded, which made a new {construction.wrapper.__name__}"
+    return None
 
 
 def install_checked(construction: Construction) -> Optional[str]:
@@ -298,14 +499,14 @@ def install_checked(construction: Construction) -> Optional[str]:
 
 def check(construction: Construction) -> Optional[str]:
     """What keeps the installed fix from working, in one line; None when it works: a throwaway
-    ``class (ABC, nn.Module)`` instance goes through torch's construction at the site, patched,
+    ``class (ABC)`` instance goes through torch's construction at the site, patched,
     and CPython accepts the class it gets. Never raises."""
     site = construction.site.name
     try:
         cls = _throwaway_abc_module("SelfCheck")
         instance = object.__new__(cls)
         try:
-            patched = construction.module.__dict__.get("type", builtins.type)
+            patched = construction.module.__dict__.get(PRIVATE_TYPE, builtins.type)
             _apply_construction(construction, instance, patched)
         except TypeError as error:
             chosen = cls.__dict__.get(_CHOSEN)
@@ -323,7 +524,7 @@ def probe_layout_bug(construction: Optional[Construction] = None) -> Optional[bo
     loaded one by default)?
 
     torch's own construction, unpatched, is applied to an uninitialised instance of a throwaway
-    ``class (ABC, nn.Module)``. True: refused (the bug); False: accepted; None: cannot tell (no
+    ``class (ABC)``. True: refused (the bug); False: accepted; None: cannot tell (no
     known site, a helper of unknown signature, or another error). Never raises.
     """
     try:
@@ -348,10 +549,11 @@ def probe_layout_bug(construction: Optional[Construction] = None) -> Optional[bo
 
 
 def _throwaway_abc_module(name: str) -> type:
-    """A new ``class name(ABC, nn.Module)``, marked so that it is never listed as the user's."""
-    import torch.nn
-
-    return type(name, (abc.ABC, torch.nn.Module), {_THROWAWAY: True, "__module__": __name__})
+    """A new ``class name(ABC)``, marked so that it is never listed as the user's. It has the
+    layout of ``class (ABC, nn.Module)`` (a ``__dict__`` added on top of ``ABC``), which is what
+    CPython judges, without being an ``nn.Module``: the class registries and tools that walk
+    ``nn.Module.__subclasses__()`` never meet it, and it is freed with what torch built from it."""
+    return type(name, (abc.ABC,), {_THROWAWAY: True, "__module__": __name__})
 
 
 def _apply_construction(construction: Construction, instance: object, type_: Callable[..., Any]) -> None:

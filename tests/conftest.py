@@ -98,7 +98,7 @@ SHARD_ABC_HEAD = """
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.fsdp._fully_shard import _fully_shard
     import fsdp_autopatch
-    from fsdp_autopatch import _verify
+    from fsdp_autopatch import _patch, _verify
 
     before = fsdp_autopatch.status().to_dict()
     cache = _fully_shard.cls_to_fsdp_cls
@@ -113,11 +113,13 @@ SHARD_ABC_HEAD = """
         error = None
     except TypeError as caught:
         error = str(caught)
-    builder = sys.modules["torch.distributed.fsdp._fully_shard._fsdp_init"].__dict__.get("type")
+    helper_module = vars(sys.modules["torch.distributed.fsdp._fully_shard._fsdp_init"])
+    builder = helper_module.get(_patch.PRIVATE_TYPE)
     print(json.dumps({{"before": before, "after": fsdp_autopatch.status().to_dict(), "error": error,
                       "transformers": transformers.__version__,
                       "cache_kept": _fully_shard.cls_to_fsdp_cls is cache,
                       "cache_type": type(cache).__name__,
+                      "module_binds_type": "type" in helper_module,
                       "stand_in": [type(builder).__name__, len(getattr(builder, "constructions", ()))]}}))
 """
 

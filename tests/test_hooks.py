@@ -56,9 +56,9 @@ def test_patch_is_installed_once(installed: Path) -> None:
     # Where there is no bug, auto mode stands aside and force then installs it: once either way.
     report = shard_abc_head(calls="fsdp_autopatch.apply(); fsdp_autopatch.apply(force=True)")
     assert report["before"]["applied"] is True
-    # One stand-in for type in the builder torch 2.11+ share, serving FSDPModule once; torch's
-    # cache is its own dict.
-    assert report["stand_in"] == ["TypeStandIn", 1]
+    # One stand-in for type, found by the code of the builder torch 2.11+ share only (the
+    # module's own type stays the builtin), serving FSDPModule once; torch's cache is its own dict.
+    assert report["stand_in"] == ["TypeStandIn", 1] and report["module_binds_type"] is False
     assert report["cache_type"] == "dict" and report["cache_kept"] is True
     assert report["error"] is None
     assert_unpatched_torch(shard_abc_head(FSDP_AUTOPATCH="0"))
@@ -270,21 +270,19 @@ def test_locks_are_free_in_a_child_forked_while_a_thread_holds_them(installed: P
     """A thread holds the hooks' lock, the patch's lock and the class records' lock when another
     forks: the child, which has no such thread, can still take them all (it would wait forever
     otherwise), through the package's one fork handler."""
-    result = run_python("""
-        import os, signal, threading, types
+    result = run_python(f"""
+        import os, signal, sys, threading
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
         import fsdp_autopatch
+        import site_stand_in as module
         from fsdp_autopatch import _hooks, _patch, _sites
         fsdp_autopatch.register_fork_handler()  # as arm() does at start-up
-
-        class Wrapper:
-            pass
 
         class Original:
             pass
 
-        module = types.ModuleType("torch_stand_in")
         site = _sites.Site("stand-in API", module.__name__, "wrap", ("Wrapper",), "W", "deepcopy")
-        _patch.install(_patch.Construction(site, Wrapper, lambda *a: None, module, None))
+        _patch.install(_patch.resolve(site))
         held, release = threading.Event(), threading.Event()
 
         def hold():
@@ -298,8 +296,8 @@ def test_locks_are_free_in_a_child_forked_while_a_thread_holds_them(installed: P
         if pid == 0:
             signal.alarm(20)  # a deadlocked child dies of SIGALRM instead of hanging the test
             _hooks.current_status()
-            built = module.type("WOriginal", (Wrapper, Original), {})
-            os._exit(0 if built.__bases__ == (Wrapper, Original) else 3)
+            built = module.wrap(Original())
+            os._exit(0 if built.__bases__ == (module.Wrapper, Original) else 3)
         _, code = os.waitpid(pid, 0)
         release.set()
         print(os.waitstatus_to_exitcode(code))
@@ -381,7 +379,7 @@ CALLS_A_COPY = """
         error = None
     except TypeError as caught:
         error = str(caught)
-    stand_in = helper.__globals__.get("type")
+    stand_in = helper.__globals__.get("_fsdp_autopatch_type")
     print(json.dumps({"status": fsdp_autopatch.status().to_dict(), "error": error,
                       "stand_in": [type(stand_in).__name__, len(getattr(stand_in, "constructions", ()))]}))
 """
