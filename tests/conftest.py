@@ -29,10 +29,10 @@ from fsdp_autopatch import TORCH_MODULES
 from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines
 
 __all__ = [
-    "LAYOUT_ERROR", "ROOT", "SCENARIO", "Throwaway", "alive", "command_line", "ctrl_c_as_at_a_terminal",
-    "environment", "fake_torch", "fake_transformers", "json_lines", "layout_bug_here", "make_throwaway",
-    "marked_run", "needs_proc", "own_lines", "processes_marked", "run_python", "run_scenario",
-    "shard_abc_head", "site_packages", "write_module",
+    "LAYOUT_ERROR", "REPOSITORY_ONLY", "ROOT", "SCENARIO", "Throwaway", "alive", "command_line",
+    "ctrl_c_as_at_a_terminal", "environment", "fake_torch", "fake_transformers", "json_lines",
+    "layout_bug_here", "make_throwaway", "marked_run", "needs_proc", "own_lines", "processes_marked",
+    "repository_file", "run_python", "run_scenario", "shard_abc_head", "site_packages", "write_module",
 ]
 
 # "still running <test> (N s)" lines while a long test runs (tests/progress.py); the stress
@@ -60,6 +60,20 @@ OWN_LINE = re.compile(r"fsdp-autopatch(?: [A-Za-z]+)?: ")
 # Every child interpreter starts from this process's environment less anything that changes
 # what it imports; the one scrubber, shared with tests/matrix.py and benchmarks/.
 environment = scrubbed_environment
+
+
+# What the repository has and the sdist does not ship: CI, the workflows, raw benchmark results.
+REPOSITORY_ONLY = (".ci/", ".github/", "benchmarks/results/results.json")
+
+
+def repository_file(relative: str) -> Path:
+    """``ROOT / relative``, for a file only the repository has; the test is skipped, naming the
+    file, where it is missing (the tests run from an extracted sdist)."""
+    assert relative.startswith(REPOSITORY_ONLY), f"{relative} ships in the sdist: read it directly"
+    path = ROOT / relative
+    if not path.exists():
+        pytest.skip(f"needs {relative}, which the repository has and the sdist does not ship")
+    return path
 
 
 def run_python(

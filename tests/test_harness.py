@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPOSITORY_ONLY, repository_file
 from harness import (
     ROOT,
     STACKS_PINS,
@@ -79,7 +80,8 @@ def test_the_benchmark_header_names_no_machine_path(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", PUBLISHED)
 def test_published_files_name_no_machine_path(name: str) -> None:
-    text = (ROOT / name).read_text(encoding="utf-8")
+    path = repository_file(name) if name.startswith(REPOSITORY_ONLY) else ROOT / name
+    text = path.read_text(encoding="utf-8")
     assert MACHINE_PATH.findall(text) == [], f"{name} names paths of one machine; rewrite them relative"
     assert "machine kind" not in text
 

@@ -24,7 +24,7 @@ DISTRIBUTION = "fsdp-autopatch"
 HOME = "https://github.com/fsdp-autopatch/fsdp-autopatch"
 # What a reader of the sdist needs besides the package: the tests and the docs.
 # hatch_build.py: the build hook a wheel built from the sdist needs.
-SDIST_DOCS = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "LICENSE", "hatch_build.py",
+SDIST_DOCS = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "SECURITY.md", "LICENSE", "hatch_build.py",
               "benchmarks/README.md", "tests/noxfile.py",
               "tests/conftest.py", "tests/harness.py", "benchmarks/run.py", "benchmarks/results/results.md",
               *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md")))
@@ -182,3 +182,36 @@ def test_one_commit_builds_byte_identical_distributions(tmp_path: Path) -> None:
     assert sorted(first) == sorted(second)
     differing = [name for name in first if first[name] != second[name]]
     assert differing == [], f"two builds of one commit differ: {differing}"
+
+
+# The hatchling release before the declared floor: it builds, but writes no License-Expression.
+BELOW_THE_FLOOR = "1.26.3"
+
+
+def declared_floor() -> str:
+    match = re.search(r'^requires = \["hatchling>=([0-9.]+)"\]$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert match is not None, "pyproject.toml's [build-system] requires names no hatchling>=X"
+    return match.group(1)
+
+
+def wheel_metadata_built_with(hatchling: str, where: Path) -> dict[str, str]:
+    """The METADATA fields of the wheel that ``hatchling==X`` builds from the checkout."""
+    venv = make_venv(where / "venv", with_pip=True)
+    run_logged([str(venv.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                f"hatchling=={hatchling}", "build"], None, env=environment())
+    run_logged([str(venv.python), "-m", "build", "--no-isolation", "--wheel", "--outdir", str(where / "dist"),
+                str(ROOT)], None, env=environment())
+    (wheel,) = (where / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        return dict(Parser().parsestr(archive.read(name).decode()).items())
+
+
+@pytest.mark.slow
+def test_the_declared_build_floor_is_the_oldest_hatchling_that_writes_the_license_expression(
+    tmp_path: Path,
+) -> None:
+    floor = declared_floor()
+    assert wheel_metadata_built_with(floor, tmp_path / "floor").get("License-Expression") == "MIT"
+    below = wheel_metadata_built_with(BELOW_THE_FLOOR, tmp_path / "below")
+    assert "License-Expression" not in below and below["Metadata-Version"] < "2.4"

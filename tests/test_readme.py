@@ -28,7 +28,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, environment
+from conftest import ROOT, environment, repository_file
 from harness import README
 
 from fsdp_autopatch._console import SOURCE_URL as PROJECT_URL
@@ -85,7 +85,7 @@ def test_the_readme_shows_its_commands_in_sh_blocks() -> None:
     assert any("pip uninstall -y fsdp-autopatch" in command for command in shown)
     # What .ci/run runs is the README's test command, word for word.
     test_lines = [line for block in blocks for line in block.splitlines() if TEST_COMMAND in line]
-    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    ci = repository_file(".ci/run").read_text(encoding="utf-8").splitlines()
     assert test_lines and all(line in ci for line in test_lines)
 
 

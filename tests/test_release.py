@@ -6,19 +6,20 @@ no token, and CI running the README's test command."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, environment
+from conftest import ROOT, environment, repository_file
 from harness import README
 from test_harness import MACHINE_PATH
 
 from fsdp_autopatch import __version__
 
-CHECK_RELEASE = ROOT / ".ci" / "check-release"
-WORKFLOWS = ROOT / ".github" / "workflows"
+CHECK_RELEASE = ".ci/check-release"
+WORKFLOWS = ".github/workflows"
 CHANGELOG = ROOT / "CHANGELOG.md"
 TEST_COMMAND = "nox -f tests/noxfile.py -s tests"
 # `uses: owner/repo@<40 hex>  # vX.Y.Z`: the commit of a release tag, and which tag it is.
@@ -26,7 +27,7 @@ PINNED = re.compile(r"^\s*(?:- )?uses: [\w.-]+/[\w./-]+@[0-9a-f]{40}  # v\d+(\.\
 
 
 def check_release(tag: str, root: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(CHECK_RELEASE), tag, "--root", str(root)],
+    return subprocess.run([sys.executable, str(repository_file(CHECK_RELEASE)), tag, "--root", str(root)],
                           capture_output=True, text=True, env=environment(), timeout=60, check=False)
 
 
@@ -98,19 +99,24 @@ def test_the_changelog_dates_every_version_and_describes_the_current_one() -> No
 @pytest.mark.parametrize("name", ["CHANGELOG.md", ".github/workflows/ci.yml",
                                   ".github/workflows/release.yml"])
 def test_the_release_files_name_no_machine_path(name: str) -> None:
-    assert MACHINE_PATH.findall((ROOT / name).read_text(encoding="utf-8")) == []
+    path = ROOT / name if name == "CHANGELOG.md" else repository_file(name)
+    assert MACHINE_PATH.findall(path.read_text(encoding="utf-8")) == []
+
+
+def workflow_text(workflow: str) -> str:
+    return repository_file(f"{WORKFLOWS}/{workflow}").read_text(encoding="utf-8")
 
 
 def jobs(workflow: str) -> dict[str, str]:
     """The text of each job of a workflow, by its id (the workflows are indented by two spaces)."""
-    text = (WORKFLOWS / workflow).read_text(encoding="utf-8")
+    text = workflow_text(workflow)
     body = text.split("\njobs:\n", 1)[1]
     return dict(re.findall(r"^  ([\w-]+):\n((?:(?:    .*)?\n)*)", body, re.M))
 
 
 @pytest.mark.parametrize("workflow", ["ci.yml", "release.yml"])
 def test_every_action_is_pinned_to_a_tagged_commit(workflow: str) -> None:
-    uses = [line for line in (WORKFLOWS / workflow).read_text(encoding="utf-8").splitlines()
+    uses = [line for line in workflow_text(workflow).splitlines()
             if re.match(r"^\s*(- )?uses:", line)]
     assert uses and [line for line in uses if not PINNED.match(line)] == []
 
@@ -120,7 +126,7 @@ def test_docs_releasing_lists_every_pinned_action_as_the_workflows_pin_it() -> N
         match.groups()
         for workflow in ("ci.yml", "release.yml")
         for match in re.finditer(r"uses: ([\w.-]+/[\w./-]+)@([0-9a-f]{40})  # (v[\d.]+)$",
-                                 (WORKFLOWS / workflow).read_text(encoding="utf-8"), re.M)
+                                 workflow_text(workflow), re.M)
     }
     table = set(re.findall(r"^\| `([\w.-]+/[\w./-]+)` \| (v[\d.]+) \| `([0-9a-f]{40})` \|$",
                            (ROOT / "docs" / "releasing.md").read_text(encoding="utf-8"), re.M))
@@ -129,7 +135,7 @@ def test_docs_releasing_lists_every_pinned_action_as_the_workflows_pin_it() -> N
 
 @pytest.mark.parametrize("workflow", ["ci.yml", "release.yml"])
 def test_no_job_gets_more_than_it_needs(workflow: str) -> None:
-    text = (WORKFLOWS / workflow).read_text(encoding="utf-8")
+    text = workflow_text(workflow)
     assert "\npermissions: {}\n" in text
     for name, job in jobs(workflow).items():
         assert "\n    permissions:" in f"\n{job}", f"{workflow}'s job {name} does not say its permissions"
@@ -143,11 +149,11 @@ def test_only_the_publishing_job_may_ask_for_an_oidc_token() -> None:
     publish = release["publish"]
     assert "environment:\n      name: pypi\n" in publish and "pypa/gh-action-pypi-publish@" in publish
     assert "actions/checkout@" not in publish
-    assert "id-token" not in (WORKFLOWS / "ci.yml").read_text(encoding="utf-8")
+    assert "id-token" not in workflow_text("ci.yml")
 
 
 def test_the_release_publishes_the_files_it_built_and_tested() -> None:
-    text = (WORKFLOWS / "release.yml").read_text(encoding="utf-8")
+    text = workflow_text("release.yml")
     assert re.search(r'^on:\n  push:\n    tags: \["v\*"\]\n', text, re.M)
     release = jobs("release.yml")
     assert 'python .ci/check-release "$TAG"' in release["check"]
@@ -162,5 +168,52 @@ def test_the_release_publishes_the_files_it_built_and_tested() -> None:
 
 def test_ci_runs_the_readmes_test_command_word_for_word() -> None:
     readme_lines = [line for line in README.read_text(encoding="utf-8").splitlines() if TEST_COMMAND in line]
-    ci = [line.strip() for line in (WORKFLOWS / "ci.yml").read_text(encoding="utf-8").splitlines()]
+    ci = [line.strip() for line in workflow_text("ci.yml").splitlines()]
     assert readme_lines and all(line in ci for line in readme_lines)
+
+
+def release_tools() -> list[str]:
+    result = subprocess.run([sys.executable, str(repository_file(".ci/release-tools"))], capture_output=True,
+                            text=True, env=environment(), timeout=60, check=False)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    return result.stdout.split()
+
+
+def test_the_publisher_reads_what_the_build_writes_and_ci_checks_with_its_twine() -> None:
+    """The pinned publisher bundles a twine that reads Metadata-Version 2.5 (v1.14.2 or later,
+    twine 7): CI builds with the release's very tools and runs that twine's check, so a
+    publisher that cannot read the build fails CI, not the tag."""
+    tools = release_tools()
+    assert [tool.split("==")[0] for tool in tools] == ["build", "hatchling", "twine"]
+    twine = tools[2].split("==")[1]
+    assert tuple(map(int, twine.split("."))) >= (7, 0, 0)
+    publish = jobs("release.yml")["publish"]
+    pin = re.search(r"pypa/gh-action-pypi-publish@[0-9a-f]{40}  # v(\d+)\.(\d+)\.(\d+)", publish)
+    assert pin is not None and tuple(map(int, pin.groups())) >= (1, 14, 2)
+    assert f"bundles twine=={twine}" in publish and "attestations: true" in publish
+    install = 'read -ra tools < <(python .ci/release-tools)'
+    for where in (jobs("release.yml")["build"], workflow_text("ci.yml")):
+        assert install in where and "python -m build --no-isolation" in where
+        assert "twine check --strict" in where
+    ci_run = repository_file(".ci/run").read_text(encoding="utf-8")
+    assert "read -ra release_tools < <(python3 .ci/release-tools)" in ci_run
+    assert "python -m build --no-isolation" in ci_run and 'twine check --strict "$dist"/*' in ci_run
+
+
+def test_docs_releasing_records_the_release_tools() -> None:
+    releasing = (ROOT / "docs" / "releasing.md").read_text(encoding="utf-8")
+    for tool in release_tools():
+        assert f"`{tool}`" in releasing, f"docs/releasing.md does not record {tool}"
+
+
+def test_release_tools_say_in_one_line_when_release_yml_names_no_twine(tmp_path: Path) -> None:
+    ci = tmp_path / ".ci"
+    ci.mkdir()
+    shutil.copy(repository_file(".ci/release-tools"), ci / "release-tools")
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    (tmp_path / ".github" / "workflows" / "release.yml").write_text("jobs: {}\n")
+    result = subprocess.run([sys.executable, str(ci / "release-tools")], capture_output=True, text=True,
+                            env=environment(), timeout=60, check=False)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("release-tools: release.yml names no twine")
