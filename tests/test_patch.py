@@ -292,10 +292,13 @@ def test_users_class_hooks_never_see_a_mirror(torch_like: types.ModuleType) -> N
     class RegisteredHead(Registry, Plain):
         pass
 
-    with pytest.raises(TypeError, match="object layout differs"):
+    bug = refused(RegisteredHead, type("WRegisteredHead", (torch_like.Wrapper, RegisteredHead), {}))
+    registry.clear()
+    try:
         torch_like.wrap(object.__new__(RegisteredHead))
-    alone = list(registry)
-    assert alone == ["RegisteredHead", "WRegisteredHead"]
+    except TypeError as error:
+        assert bug and "object layout differs" in str(error)
+    assert registry == ["WRegisteredHead"]
     construction = _patch.resolve(site_of(torch_like))
     assert construction is not None
     _patch.install(construction)
@@ -307,9 +310,11 @@ def test_users_class_hooks_never_see_a_mirror(torch_like: types.ModuleType) -> N
     finally:
         _patch.uninstall(construction)
     # torch's class (refused), then the compatible one: each hook runs once more for the class
-    # that needs the fix, and never for the mirror.
+    # that needs the fix, and never for the mirror. Where CPython accepts torch's class (3.15),
+    # torch's class per call, as without the package.
     assert registry == ["WRegisteredHead", "WRegisteredHead"] and "Wrapper" not in registry
     assert isinstance(instance, torch_like.Wrapper)
+    assert (type(instance).__bases__[0] is not torch_like.Wrapper) is bug
 
 
 def test_no_lock_is_held_while_a_class_hook_wraps_from_another_thread(torch_like: types.ModuleType) -> None:
@@ -357,7 +362,12 @@ def test_threads_racing_on_one_class_get_one_class_and_one_decision(patched: _pa
         thread.start()
     for thread in threads:
         thread.join()
-    assert len({type(instance) for instance in instances}) == 1
+    classes = {type(instance) for instance in instances}
+    if refused(RacingHead, type("WRacingHead", (patched.module.Wrapper, RacingHead), {})):
+        assert len(classes) == 1  # the compatible class, which the first thread to finish kept
+    else:  # 3.15 accepts torch's class: one per call, as torch builds it here (no cache)
+        assert len(classes) == len(instances)
+        assert all(c.__bases__[0] is patched.module.Wrapper for c in classes)
     records = [r for r in _patch.classes.snapshot()[0] if r.name.endswith("RacingHead")]
     assert len(records) == 1
 
