@@ -12,12 +12,19 @@ insert. wrapt takes 60-80 ms to import; it, the switch parsing and everything el
 once FSDP2 or composable DDP (or, in auto mode, transformers) is actually being imported, which
 is also when ``FSDP_AUTOPATCH`` is read for good. A process that imports torch and never those
 pays nothing more than the insert.
+
+Where no start-up file is read, torch 2.5+ calls ``_fsdp_autopatch_plugin.arm`` (the
+``torch.backends`` entry point) at the end of ``import torch``, which arms the same way.
 """
 
 
 import _thread
 import os
 import sys
+
+# Set on this module by torch's plugin route if torch runs it before this code has run (an
+# import hook that imports torch first); the end of this module then arms.
+arm_when_imported = globals().get("arm_when_imported")
 
 MODE_VARIABLE = "FSDP_AUTOPATCH"
 # The values start-up must tell apart without importing _config, which takes them from here.
@@ -38,8 +45,11 @@ TORCH_MODULES = (*FSDP2_PACKAGES, *FULLY_SHARD_MODULES, REPLICATE_WITH_FSDP_MODU
 # Only its version decides, in auto mode; its model imports load torch.distributed.fsdp anyway.
 TRANSFORMERS = "transformers"
 
-# Set by arm(); read by status().
+# Set by arm(); read by status() and doctor: which route armed this interpreter.
 armed = False
+armed_by = None
+# Python 3.15+ (PEP 829) runs the .start file's entry point instead of the .pth import line.
+START_FILE_ROUTE = "fsdp_autopatch.start" if sys.version_info >= (3, 15) else "fsdp_autopatch.pth"
 
 
 class FirstImportWatcher:
@@ -211,17 +221,19 @@ def remove_watcher(watcher: object) -> None:
         pass
 
 
-def arm() -> None:
-    """Entry point of the .pth line and the PEP 829 .start file; runs at most once."""
-    global armed
+def arm(route: str = START_FILE_ROUTE) -> None:
+    """Entry point of the .pth line, the PEP 829 .start file and torch's plugin route (``route``
+    says which); runs at most once."""
+    global armed, armed_by
     try:
         if armed:
             return
         value = os.environ.get(MODE_VARIABLE, "").strip().lower()
-        # The .pth line has already skipped a disabled interpreter; a .start file cannot.
+        # The .pth line has already skipped a disabled interpreter; a .start file and torch's
+        # plugin route cannot.
         if value in OFF_VALUES:
             return
-        armed = True
+        armed, armed_by = True, route
         names = TORCH_MODULES if value in FORCE_VALUES else (*TORCH_MODULES, TRANSFORMERS)
         if any(name in sys.modules for name in names):
             register_hooks()
@@ -272,3 +284,7 @@ def __getattr__(name: str) -> object:
 
         return getattr(_api, name)
     raise AttributeError(f"module 'fsdp_autopatch' has no attribute {name!r}")
+
+
+if arm_when_imported is not None:
+    arm(arm_when_imported)

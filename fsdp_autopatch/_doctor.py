@@ -214,6 +214,36 @@ def check_startup(skip: Optional[Path] = None) -> StartupCheck:
     return StartupCheck(pth, start, used, read, detail)
 
 
+# torch's plugin route (_fsdp_autopatch_plugin): the entry point group torch 2.5+ calls at the end
+# of ``import torch``, and torch's switch for the whole group.
+PLUGIN_GROUP = "torch.backends"
+PLUGIN_FIRST_TORCH = (2, 5)
+PLUGIN_SWITCH = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+
+
+def check_plugin(torch_version: Optional[str]) -> tuple[bool, str]:
+    """Whether ``import torch`` arms the package here through torch's plugin route, and why."""
+    if torch_version is None:
+        return False, "torch is not installed"
+    try:
+        if _matrix.release(torch_version) < PLUGIN_FIRST_TORCH:
+            return False, (f"torch {torch_version} calls no plugin entry points (torch 2.5+ does); "
+                           "call fsdp_autopatch.apply() in the training script")
+    except ValueError:
+        return False, f"torch's version {torch_version!r} is unreadable"
+    if os.environ.get(PLUGIN_SWITCH, "1") != "1":
+        return False, (f"{PLUGIN_SWITCH}={os.environ[PLUGIN_SWITCH]} turns torch's plugin entry points off; "
+                       "unset it, or call fsdp_autopatch.apply() in the training script")
+    try:
+        ours = [e for e in metadata.entry_points(group=PLUGIN_GROUP) if e.name == "fsdp_autopatch"]
+    except Exception as error:
+        return False, f"the {PLUGIN_GROUP} entry points cannot be read ({type(error).__name__}: {error})"
+    if not ours:
+        return False, (f"no {PLUGIN_GROUP} entry point of fsdp-autopatch is installed; reinstall: "
+                       f"{REINSTALL_COMMAND}")
+    return True, f"import torch calls fsdp-autopatch's {PLUGIN_GROUP} entry point ({ours[0].value})"
+
+
 def check_wrapt() -> tuple[Optional[str], Optional[str]]:
     """wrapt's version, or None and why it cannot be imported (the hooks need it)."""
     try:
@@ -413,7 +443,14 @@ class DoctorReport:
     startup_file: Optional[str]
     startup_read: bool
     startup_detail: str
+    # torch's plugin route: whether import torch arms the package here, and why.
+    plugin_arms: bool
+    plugin_detail: str
+    # The route that arms interpreters like this one (the start-up file, else torch's plugin
+    # entry point), or None; and the one that armed this very process, if any.
+    arms_by: Optional[str]
     armed_here: bool
+    armed_by: Optional[str]
     # What certainly keeps the patch from being applied.
     problems: list[str] = field(default_factory=list)
     # What files cannot answer.
@@ -440,6 +477,7 @@ def diagnose() -> DoctorReport:
     torch_version, transformers_version = (installed_version(name) for name in PACKAGES)
     wrapt_version, wrapt_error = check_wrapt()
     startup = check_startup(skip=installation.source_tree)
+    plugin_arms, plugin_detail = check_plugin(torch_version)
     try:
         # Whether the pair has the bug does not depend on the switch; whether it gets fixed does.
         pair = _matrix.decide(_config.AUTO, torch_version, transformers_version)
@@ -470,8 +508,8 @@ def diagnose() -> DoctorReport:
     if mode.name == _config.OFF:
         problems.append(f"{_config.MODE_VARIABLE}={mode.raw} disables the patch; unset "
                         f"{_config.MODE_VARIABLE} (or set it to auto)")
-    if not startup.read:
-        problems.append(startup.detail)
+    if not (startup.read or plugin_arms):
+        problems.append(f"{startup.detail} (and torch's plugin route does not arm it: {plugin_detail})")
     if wrapt_version is None:
         problems.append(f"wrapt cannot be imported ({wrapt_error}); install it: pip install wrapt")
     would_apply: Optional[bool] = False if problems else None if unknowns and matrix_apply is not False \
@@ -507,7 +545,12 @@ def diagnose() -> DoctorReport:
         startup_file=str(startup.used) if startup.used else None,
         startup_read=startup.read,
         startup_detail=startup.detail,
+        plugin_arms=plugin_arms,
+        plugin_detail=plugin_detail,
+        arms_by=(f"{fsdp_autopatch.START_FILE_ROUTE}, at interpreter start" if startup.read else
+                 "torch's plugin entry point (torch.backends), at import torch" if plugin_arms else None),
         armed_here=fsdp_autopatch.armed,
+        armed_by=fsdp_autopatch.armed_by,
         problems=problems,
         unknowns=unknowns,
     )
@@ -590,7 +633,9 @@ def show_doctor(report: DoctorReport, console: Console) -> None:
     row(".start", report.start_installed or console.paint("not installed", "dim"))
     read = console.paint("read", "green") if report.startup_read else console.paint("NOT read", "red")
     row("start-up", f"{read}: {report.startup_detail}")
-    row("this process", "armed by the start-up file" if report.armed_here else "not armed")
+    row("torch plugin", report.plugin_detail)
+    row("arming", report.arms_by or console.paint("nothing arms it: call fsdp_autopatch.apply()", "red"))
+    row("this process", f"armed by {report.armed_by}" if report.armed_here else "not armed")
     newer = report.in_matrix is None and report.reason.startswith(f"torch {report.torch} is newer")
     would = {True: "yes", False: "no",
              None: "decided on import, by a probe" if newer else "cannot tell from files"}

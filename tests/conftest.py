@@ -29,10 +29,11 @@ from fsdp_autopatch import TORCH_MODULES
 from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines
 
 __all__ = [
-    "LAYOUT_ERROR", "REPOSITORY_ONLY", "ROOT", "SCENARIO", "Throwaway", "alive", "command_line",
-    "ctrl_c_as_at_a_terminal", "environment", "fake_torch", "fake_transformers", "json_lines",
-    "layout_bug_here", "make_throwaway", "marked_run", "needs_proc", "own_lines", "processes_marked",
-    "repository_file", "run_python", "run_scenario", "shard_abc_head", "site_packages", "write_module",
+    "LAYOUT_ERROR", "PLUGIN_MODULE", "REPOSITORY_ONLY", "ROOT", "SCENARIO", "Throwaway", "alive",
+    "command_line", "ctrl_c_as_at_a_terminal", "environment", "fake_torch", "fake_transformers",
+    "json_lines", "layout_bug_here", "lent_site_packages", "make_throwaway", "marked_run", "needs_proc",
+    "own_lines", "processes_marked", "repository_file", "run_python", "run_scenario", "shard_abc_head",
+    "site_packages", "write_module",
 ]
 
 # "still running <test> (N s)" lines while a long test runs (tests/progress.py); the stress
@@ -60,6 +61,25 @@ OWN_LINE = re.compile(r"fsdp-autopatch(?: [A-Za-z]+)?: ")
 # Every child interpreter starts from this process's environment less anything that changes
 # what it imports; the one scrubber, shared with tests/matrix.py and benchmarks/.
 environment = scrubbed_environment
+
+
+# The module of torch's plugin entry point, installed at the root of site-packages.
+PLUGIN_MODULE = "_fsdp_autopatch_plugin.py"
+# What this environment's site-packages lends a directory or venv without the package: everything
+# but the package under test (with its plugin module), pip and start-up files.
+NOT_LENT = re.compile(
+    r"^(fsdp_autopatch|fsdp-autopatch|_fsdp_autopatch_plugin|pip|_distutils_hack|__pycache__)([-._]|$)|\.pth$",
+    re.I)
+
+
+def lent_site_packages(where: Path) -> Path:
+    """A directory of links to this environment's site-packages, less what ``NOT_LENT`` names."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    where.mkdir()
+    for entry in site.iterdir():
+        if not NOT_LENT.search(entry.name):
+            (where / entry.name).symlink_to(entry)
+    return where
 
 
 # What the repository has and the sdist does not ship: CI, the workflows, raw benchmark results.
@@ -194,10 +214,12 @@ class Throwaway:
 
 
 def make_throwaway(
-    root: Path, installed: Path, *, package: bool = True, pth: bool = True, wrapt: bool = True
+    root: Path, installed: Path, *, package: bool = True, pth: bool = True, wrapt: bool = True,
+    plugin: bool = True,
 ) -> Throwaway:
     """A venv holding copies of what ``installed`` has: the package (with its dist-info), its
-    start-up files, wrapt; each can be left out to make a broken environment."""
+    start-up files, torch's plugin module, wrapt; each can be left out to make a broken
+    environment."""
     venv = make_venv(root)
     site, python = venv.site, venv.python
     # copytree keeps modification times, so the copied bytecode stays valid.
@@ -211,6 +233,11 @@ def make_throwaway(
     if pth:
         for name in ("fsdp_autopatch.pth", "fsdp_autopatch.start"):
             shutil.copy2(installed / name, site / name)
+    if plugin:
+        plugin_module = installed / PLUGIN_MODULE
+        if not plugin_module.is_file():  # an editable install: the checkout's
+            plugin_module = ROOT / PLUGIN_MODULE
+        shutil.copy2(plugin_module, site / PLUGIN_MODULE)
     if wrapt:
         shutil.copytree(installed / "wrapt", site / "wrapt")
     return Throwaway(root, python, site)
@@ -227,10 +254,28 @@ def write_module(where: Path, dotted: str, source: str) -> None:
     (folder / "__init__.py").write_text(textwrap.dedent(source))
 
 
-def fake_torch(where: Path) -> None:
+# What torch 2.5+ does last in ``import torch`` (``_import_device_backends``): load and call every
+# entry point of the group torch.backends, a failure of any one failing the import.
+TORCH_PLUGIN_LOOP = """
+import os
+from importlib.metadata import entry_points
+if os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1":
+    for backend_extension in entry_points(group="torch.backends"):
+        try:
+            backend_extension.load()()
+        except Exception as err:
+            raise RuntimeError(f"Failed to load the backend extension: {backend_extension.name}. "
+                               "You can disable extension auto-loading with "
+                               "TORCH_DEVICE_BACKEND_AUTOLOAD=0.") from err
+"""
+
+
+def fake_torch(where: Path, plugins: bool = False) -> None:
     """Just enough of a torch package for the start-up watcher: torch, the modules a process
-    may import without FSDP2, and the modules it watches (empty: nothing to patch in them)."""
-    write_module(where, "torch", '__version__ = "2.13.0"\n')
+    may import without FSDP2, and the modules it watches (empty: nothing to patch in them).
+    ``plugins``: its ``import torch`` ends as torch 2.5+'s does, calling the torch.backends entry
+    points."""
+    write_module(where, "torch", '__version__ = "2.13.0"\n' + (TORCH_PLUGIN_LOOP if plugins else ""))
     for name in ("torch.nn", "torch.distributed", *TORCH_MODULES):
         write_module(where, name, "")
 

@@ -237,17 +237,28 @@ def test_doctor_warns_about_a_bad_switch_value_and_runs_in_auto_mode(installed: 
 
 
 @pytest.mark.slow
-def test_doctor_strict_exits_1_when_site_processing_skips_the_pth(
-    installed: Path, real_torch: dict[str, str]
+@pytest.mark.parametrize("plugins", [True, False], ids=["plugins on", "TORCH_DEVICE_BACKEND_AUTOLOAD=0"])
+def test_doctor_says_which_route_arms_an_interpreter_that_skips_the_pth(
+    installed: Path, real_torch: dict[str, str], plugins: bool
 ) -> None:
-    # -S: no site processing; the package is still importable from PYTHONPATH, as in embedded setups.
+    """-S: no site processing; the package is still importable from PYTHONPATH, as in embedded
+    setups. torch's plugin entry point arms it there; with torch's switch off nothing does, and
+    --strict exits 1."""
+    switch = {} if plugins else {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     result = run_cli("-S", "-m", "fsdp_autopatch", "doctor", "--json", "--strict", command=[sys.executable],
-                     env=environment(PYTHONPATH=str(installed)))
-    assert result.returncode == 1, result.stderr
+                     env=environment(PYTHONPATH=str(installed), **switch))
     report = one_object(result.stdout)
-    assert (report["startup_read"], report["armed_here"], report["would_apply"]) == (False, False, False)
+    assert (report["startup_read"], report["armed_here"], report["plugin_arms"]) == (False, False, plugins)
     assert report["pth_installed"] == str(installed / "fsdp_autopatch.pth")
+    if plugins:
+        assert result.returncode == 0, result.stderr
+        assert report["arms_by"] == "torch's plugin entry point (torch.backends), at import torch"
+        assert report["would_apply"] is layout_bug_here()
+        return
+    assert result.returncode == 1, result.stderr
+    assert report["arms_by"] is None and report["would_apply"] is False
     assert "-S" in str(report["verdict"]) and "fsdp_autopatch.apply()" in str(report["verdict"])
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns torch's plugin entry points off" in str(report["verdict"])
 
 
 def test_doctor_in_an_environment_without_torch(without_torch: str) -> None:

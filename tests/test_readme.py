@@ -24,11 +24,10 @@ import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, environment, repository_file
+from conftest import ROOT, environment, lent_site_packages, repository_file
 from harness import README
 
 from fsdp_autopatch._console import SOURCE_URL as PROJECT_URL
@@ -36,10 +35,6 @@ from fsdp_autopatch._console import SOURCE_URL as PROJECT_URL
 TEST_COMMAND = "nox -f tests/noxfile.py -s tests"
 SH_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.S | re.M)
 EXPECTED_EXIT = re.compile(r"#.*\bexit (\d+)\b")
-# What this environment's site-packages lends the new venv: everything but the package under
-# test (the README installs it from the clone), pip (the venv has its own) and start-up files.
-NOT_LENT = re.compile(r"^(fsdp_autopatch|fsdp-autopatch|pip|_distutils_hack|__pycache__)([-._]|$)|\.pth$",
-                      re.I)
 
 
 def sh_blocks(text: str) -> list[str]:
@@ -87,16 +82,6 @@ def test_the_readme_shows_its_commands_in_sh_blocks() -> None:
     test_lines = [line for block in blocks for line in block.splitlines() if TEST_COMMAND in line]
     ci = repository_file(".ci/run").read_text(encoding="utf-8").splitlines()
     assert test_lines and all(line in ci for line in test_lines)
-
-
-def lent_site_packages(where: Path) -> Path:
-    """A directory of links to this environment's site-packages, less what ``NOT_LENT`` names."""
-    site = Path(sysconfig.get_paths()["purelib"])
-    where.mkdir()
-    for entry in site.iterdir():
-        if not NOT_LENT.search(entry.name):
-            (where / entry.name).symlink_to(entry)
-    return where
 
 
 @pytest.mark.slow

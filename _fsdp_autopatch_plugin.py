@@ -1,0 +1,40 @@
+"""torch's plugin route: arms the package in interpreters that never read its ``.pth`` file.
+
+From torch 2.5 the last step of ``import torch`` loads every entry point of the group
+``torch.backends`` and calls it (``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns that off for all of
+them). The group is meant for out-of-tree device backends; this package uses it for the one
+thing its ``.pth`` line does, calling ``arm()``, so that ``pip install --target`` directories on
+``PYTHONPATH`` and images that strip ``.pth`` files are fixed too. Where the ``.pth`` line already
+ran, ``arm()`` returns at once: arming happens once.
+
+torch turns anything that loading or calling an entry point raises into a failed ``import
+torch``, for everyone in the environment. So this module sits at the root of site-packages, apart
+from the package (like setuptools' ``_distutils_hack``): loading it imports only ``sys``, even
+where the package is broken or half removed. ``arm`` catches everything, prints nothing, and
+imports only the start-up module, which arms with the standard library: wrapt and the hooks load
+later, when FSDP2, composable DDP or transformers is imported, as under the ``.pth``.
+"""
+
+import sys
+
+PACKAGE = "fsdp_autopatch"
+ROUTE = "torch's plugin entry point (torch.backends)"
+
+
+def arm() -> None:
+    """The entry point torch calls."""
+    try:
+        package = sys.modules.get(PACKAGE)
+        start = getattr(package, "arm", None)
+        if start is None:
+            if package is not None:
+                # torch ran the entry point while the start-up module itself was being imported
+                # (an import hook that imports torch first): it arms when its import ends.
+                package.arm_when_imported = ROUTE  # type: ignore[attr-defined]
+                return
+            import fsdp_autopatch
+
+            start = fsdp_autopatch.arm
+        start(ROUTE)
+    except Exception:  # import torch must never fail because of this package
+        pass

@@ -1,0 +1,191 @@
+"""torch's plugin route: armed in every interpreter that imports torch, ``.pth`` read or not, and
+never a cause of a failed ``import torch``.
+
+The real-torch tests run tests/arm_route.py with ``python -S`` (no start-up file is read) in two
+layouts: the package installed by ``pip install --target`` and put on ``PYTHONPATH`` beside the
+environment's torch, and the environment's own installation with its start-up files unread. The
+fault tests use a fake torch whose import ends as torch 2.5+'s does, calling every entry point of
+the group ``torch.backends``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import (
+    PLUGIN_MODULE,
+    environment,
+    fake_torch,
+    fake_transformers,
+    json_lines,
+    layout_bug_here,
+    lent_site_packages,
+    make_throwaway,
+    own_lines,
+    run_python,
+)
+from harness import build_wheel
+
+import fsdp_autopatch
+
+PROGRAM = Path(__file__).with_name("arm_route.py")
+PLUGIN_ROUTE = "torch's plugin entry point (torch.backends)"
+# With the patch on, each wrapper wraps the ABC head (None); unpatched, CPython refuses it.
+WRAPPED = {"fully_shard": None, "replicate": None}
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory: pytest.TempPathFactory, installed: Path) -> dict[str, str]:
+    """PYTHONPATH for each layout that reads no start-up file (run under ``python -S``)."""
+    root = tmp_path_factory.mktemp("plugin")
+    wheel = build_wheel(root / "dist")
+    target = root / "target"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    "--no-deps", "--target", str(target), str(wheel)], check=True, env=environment(),
+                   capture_output=True, timeout=600)
+    lent = lent_site_packages(root / "lent")
+    return {
+        # the package alone in a --target directory; torch and the rest from the environment
+        "target": os.pathsep.join((str(target), str(lent))),
+        # the environment's own installation, whose .pth and .start python -S never reads
+        "no start-up file": str(installed),
+    }
+
+
+def arm_route(path: str, *args: str, **env: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-S", str(PROGRAM), *args], capture_output=True, text=True,
+        env=environment(PYTHONPATH=path, **env), cwd=Path(sysconfig.get_paths()["purelib"]).parent,
+        timeout=600, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert own_lines(result.stderr) == []
+    (report,) = json_lines(result.stdout)
+    return report
+
+
+def assert_unpatched(report: dict[str, Any]) -> None:
+    assert report["armed_by"] is None and report["applied"] is False
+    for error in report["errors"].values():
+        assert (error is not None and "object layout differs" in error) is layout_bug_here()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("layout", "order"), [
+    ("target", ""), ("target", "--package-first"), ("target", "--torch-inside-package-import"),
+    ("no start-up file", ""),
+])
+def test_armed_by_torchs_plugin_route_where_no_start_up_file_is_read(
+    layouts: dict[str, str], layout: str, order: str
+) -> None:
+    report = arm_route(layouts[layout], *filter(None, [order]))
+    assert report["armed_by"] == PLUGIN_ROUTE and report["errors"] == WRAPPED
+    assert report["applied"] is layout_bug_here()
+    # torch ran the entry point before the package's code had run: it armed when that ended.
+    assert report["deferred"] == (PLUGIN_ROUTE if order == "--torch-inside-package-import" else None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("switch", [{"FSDP_AUTOPATCH": "0"}, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}],
+                         ids=["FSDP_AUTOPATCH=0", "TORCH_DEVICE_BACKEND_AUTOLOAD=0"])
+def test_either_switch_keeps_the_plugin_route_from_arming(
+    layouts: dict[str, str], switch: dict[str, str]
+) -> None:
+    """The package's switch works there as under the .pth; torch's turns its whole group off."""
+    assert_unpatched(arm_route(layouts["target"], **switch))
+
+
+IMPORTS_OF_TORCH_ALONE = """
+import json, sys
+import torch, fsdp_autopatch
+print(json.dumps({"ours": sorted(m for m in sys.modules if "fsdp_autopatch" in m),
+                  "wrapt": "wrapt" in sys.modules, "armed_by": fsdp_autopatch.armed_by}))
+"""
+
+
+@pytest.mark.slow
+def test_both_routes_arm_once_and_torch_alone_loads_nothing_more(
+    layouts: dict[str, str], real_torch: dict[str, str]
+) -> None:
+    """Where the start-up file ran, the plugin route finds the package armed; a process that
+    imports torch alone loads the start-up module and the plugin's module, no wrapt, no hooks."""
+    routes = (((), None, fsdp_autopatch.START_FILE_ROUTE), (("-S",), layouts["target"], PLUGIN_ROUTE))
+    for flags, path, route in routes:
+        result = run_python(IMPORTS_OF_TORCH_ALONE, *flags, env=environment(PYTHONPATH=path))
+        assert result.returncode == 0, result.stderr[-4000:]
+        (report,) = json_lines(result.stdout)
+        assert report == {"ours": ["_fsdp_autopatch_plugin", "fsdp_autopatch"], "wrapt": False,
+                          "armed_by": route}
+
+
+# --- faults: import torch never fails because of the plugin route ---------------------------
+
+
+TORCH_THEN_FSDP2 = """
+import json, sys
+import torch
+import torch.distributed.fsdp
+import fsdp_autopatch
+print(json.dumps({"armed_by": getattr(fsdp_autopatch, "armed_by", None)}))
+"""
+
+
+def throwaway_with_plugins(tmp_path: Path, installed: Path, **parts: bool) -> Any:
+    """A throwaway venv without start-up files, holding a fake torch that calls its plugins."""
+    env = make_throwaway(tmp_path / "venv", installed, pth=False, **parts)
+    fake_torch(env.site, plugins=True)
+    fake_transformers(env.site)
+    return env
+
+
+def assert_import_torch_works(result: subprocess.CompletedProcess[str], max_lines: int = 0) -> None:
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) <= max_lines, result.stderr
+
+
+def test_a_fake_torch_arms_through_its_plugins(tmp_path: Path, installed: Path) -> None:
+    """The control for the faults below: with nothing broken, the plugin route arms."""
+    env = throwaway_with_plugins(tmp_path, installed)
+    result = env.run(TORCH_THEN_FSDP2)
+    assert_import_torch_works(result)
+    assert json.loads(result.stdout) == {"armed_by": PLUGIN_ROUTE}
+
+
+@pytest.mark.parametrize("fault", ["package raises", "package removed", "wrapt missing", "junk switch"])
+def test_import_torch_survives_every_fault_of_the_plugin_route(
+    tmp_path: Path, installed: Path, fault: str
+) -> None:
+    env = throwaway_with_plugins(tmp_path, installed, package=fault != "package removed",
+                                 wrapt=fault != "wrapt missing")
+    if fault == "package raises":
+        init = env.site / "fsdp_autopatch" / "__init__.py"
+        init.write_text('raise ImportError("a broken install")\n' + init.read_text())
+        shutil.rmtree(env.site / "fsdp_autopatch" / "__pycache__", ignore_errors=True)
+    variables = {"FSDP_AUTOPATCH": "yes please"} if fault == "junk switch" else {}
+    code = "import torch, torch.distributed.fsdp; print('ok')"
+    result = env.run(code, **variables)
+    # At most the one line that says the switch was ignored (at the FSDP2 import, not at torch's).
+    assert_import_torch_works(result, max_lines=1 if fault == "junk switch" else 0)
+    assert result.stdout == "ok\n"
+    if fault == "junk switch":
+        (line,) = own_lines(result.stderr)
+        assert line.startswith("fsdp-autopatch: ignoring FSDP_AUTOPATCH=")
+
+
+def test_a_plugin_module_left_without_its_package_keeps_import_torch_working(
+    tmp_path: Path, installed: Path
+) -> None:
+    """Half removed by hand: the dist-info (with the entry point) and the plugin's module left."""
+    env = throwaway_with_plugins(tmp_path, installed, package=False)
+    (dist_info,) = installed.glob("fsdp_autopatch-*.dist-info")
+    shutil.copytree(dist_info, env.site / dist_info.name)
+    assert (env.site / PLUGIN_MODULE).is_file()
+    assert_import_torch_works(env.run("import torch"))
