@@ -48,10 +48,14 @@ def test_start_up_files_sit_at_the_root_of_site_packages(installed: Path) -> Non
                     "the checkout, not the package's modules; install its wheel (nox -f tests/noxfile.py "
                     "-s tests) to test what the wheel puts in site-packages")
     files = {str(path) for path in metadata.files(DISTRIBUTION) or []}
-    assert {"fsdp_autopatch.pth", "fsdp_autopatch.start", "fsdp_autopatch/__init__.py"} <= files
+    assert {"fsdp_autopatch.pth", "fsdp_autopatch.start", "_fsdp_autopatch_plugin.py",
+            "fsdp_autopatch/__init__.py"} <= files
     entry_points = metadata.distribution(DISTRIBUTION).entry_points
     scripts = {ep.name: ep.value for ep in entry_points if ep.group == "console_scripts"}
     assert scripts == {"fsdp-autopatch": "fsdp_autopatch._cli:main"}
+    # torch's plugin route: one entry point, in a module of its own at the root.
+    plugins = {ep.name: ep.value for ep in entry_points if ep.group == "torch.backends"}
+    assert plugins == {"fsdp_autopatch": "_fsdp_autopatch_plugin:arm"}
 
 
 @pytest.mark.slow

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.slow
 PIP_TIMEOUT = 600
 # What the wheel is built from (pyproject.toml's wheel target, force-include, readme, license, and
 # hatch_build.py, the hook that writes the long description).
-SOURCES = ("fsdp_autopatch", "fsdp_autopatch.pth", "fsdp_autopatch.start", "pyproject.toml", "README.md",
-           "LICENSE", "hatch_build.py")
+SOURCES = ("fsdp_autopatch", "fsdp_autopatch.pth", "fsdp_autopatch.start", "_fsdp_autopatch_plugin.py",
+           "pyproject.toml", "README.md", "LICENSE", "hatch_build.py")
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,10 @@ def target(tmp_path: Path) -> Environment:
 
 
 def ours(site: Path) -> list[str]:
-    return sorted(path.name for path in site.iterdir() if path.name.lower().startswith("fsdp_autopatch"))
+    """What the package put at the root of site-packages: itself, its dist-info, its start-up
+    files and the module of torch's plugin entry point."""
+    return sorted(path.name for path in site.iterdir()
+                  if path.name.lower().lstrip("_").startswith("fsdp_autopatch"))
 
 
 def start_up_lines(site: Path) -> list[str]:
@@ -159,7 +162,8 @@ def started(env: Environment) -> dict[str, object]:
 
 
 def assert_installed_once(env: Environment, version: str) -> None:
-    assert ours(env.site) == ["fsdp_autopatch", f"fsdp_autopatch-{version}.dist-info",
+    assert ours(env.site) == ["_fsdp_autopatch_plugin.py", "fsdp_autopatch",
+                              f"fsdp_autopatch-{version}.dist-info",
                               "fsdp_autopatch.pth", "fsdp_autopatch.start"]
     assert len(start_up_lines(env.site)) == 1, start_up_lines(env.site)
     report = started(env)
