@@ -42,6 +42,11 @@ FULLY_SHARD_MODULES = ("torch.distributed.fsdp._fully_shard._fully_shard",
 REPLICATE_WITH_FSDP_MODULE = "torch.distributed._composable.replicate_with_fsdp"
 DDP_MODULE = "torch.distributed._composable.replicate"
 TORCH_MODULES = (*FSDP2_PACKAGES, *FULLY_SHARD_MODULES, REPLICATE_WITH_FSDP_MODULE, DDP_MODULE)
+# Megatron-FSDP (megatron-fsdp 0.6+) swaps classes the same way in its experimental fully_shard;
+# the package re-exports that function under the module's name, so it is reached by this name.
+MEGATRON_FSDP_MODULE = "megatron_fsdp.experimental.fully_shard"
+# Every module whose first import arms the hooks: torch's, and Megatron-FSDP's.
+WATCHED_MODULES = (*TORCH_MODULES, MEGATRON_FSDP_MODULE)
 # Only its version decides, in auto mode; its model imports load torch.distributed.fsdp anyway.
 TRANSFORMERS = "transformers"
 
@@ -234,7 +239,7 @@ def arm(route: str = START_FILE_ROUTE) -> None:
         if value in OFF_VALUES:
             return
         armed, armed_by = True, route
-        names = TORCH_MODULES if value in FORCE_VALUES else (*TORCH_MODULES, TRANSFORMERS)
+        names = WATCHED_MODULES if value in FORCE_VALUES else (*WATCHED_MODULES, TRANSFORMERS)
         if any(name in sys.modules for name in names):
             register_hooks()
             return

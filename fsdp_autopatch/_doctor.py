@@ -323,28 +323,55 @@ class LayoutAnswer:
 
 
 def check_layout(torch_version: Optional[str], search: Optional[Sequence[str]] = None) -> list[LayoutAnswer]:
-    """For each API of ``_sites.APIS``, whether the installed torch has one of the sites the patch
-    knows, read from its compiled source files without importing it, by the same bytecode check
-    the patch makes at run time (``_sites.shape_problem``). ``search``: directories to find torch
-    in instead of ``sys.path``."""
+    """For each API of ``_sites.APIS``, whether the installed torch (megatron-fsdp, for its API)
+    has one of the sites the patch knows, read from its compiled source files without importing
+    it, by the same bytecode check the patch makes at run time (``_sites.shape_problem``).
+    ``search``: directories to find the packages in instead of ``sys.path``."""
+    torch_apis = [api for api in _sites.APIS if _sites.distribution_of(api) == "torch"]
+    answers = {answer.api: answer for answer in _check_torch_layout(torch_version, torch_apis, search)}
+    for api in _sites.APIS:
+        if api not in answers:
+            answers[api] = _check_other_layout(api, search)
+    return [answers[api] for api in _sites.APIS]
+
+
+def _check_other_layout(api: str, search: Optional[Sequence[str]]) -> LayoutAnswer:
+    """An API of a package other than torch (Megatron-FSDP's): installed or not, and its sites."""
+    distribution = _sites.distribution_of(api)
+    version = installed_version(distribution)
+    if version is None:
+        return LayoutAnswer(api, None, f"{distribution} is not installed")
+    top_module = next(site.module for site in _sites.SITES if site.api == api).split(".")[0]
+    init = module_file(top_module, search)
+    if init is None:
+        return LayoutAnswer(api, None, f"cannot tell: {distribution} {version} is installed, but no "
+                                       f"{top_module} package with source files is importable here",
+                            doubt=True)
+    return _read_api(api, version, init.parent.parent, search)
+
+
+def _check_torch_layout(
+    torch_version: Optional[str], apis: list[str], search: Optional[Sequence[str]]
+) -> list[LayoutAnswer]:
     if torch_version is None:
-        return [LayoutAnswer(api, None, "torch is not installed") for api in _sites.APIS]
+        return [LayoutAnswer(api, None, "torch is not installed") for api in apis]
     try:
         row = _matrix.row_for(_matrix.TORCH_ROWS, torch_version)
     except ValueError:
         row = None
     if row is not None and not row.affected:
-        return [LayoutAnswer(api, None, f"torch {torch_version} has no FSDP2") for api in _sites.APIS]
+        return [LayoutAnswer(api, None, f"torch {torch_version} has no FSDP2") for api in apis]
     torch_init = module_file("torch", search)
     if torch_init is None:
         text = (f"cannot tell: torch {torch_version} is installed, but no torch package with source "
                 f"files is importable here; {PROOF}")
-        return [LayoutAnswer(api, None, text, doubt=True) for api in _sites.APIS]
+        return [LayoutAnswer(api, None, text, doubt=True) for api in apis]
     top = torch_init.parent.parent
-    return [_read_api(api, torch_version, top, search) for api in _sites.APIS]
+    return [_read_api(api, torch_version, top, search) for api in apis]
 
 
-def _read_api(api: str, torch_version: str, top: Path, search: Optional[Sequence[str]]) -> LayoutAnswer:
+def _read_api(api: str, version: str, top: Path, search: Optional[Sequence[str]]) -> LayoutAnswer:
+    """One API's answer from the files of its package (``version`` installed under ``top``)."""
     compiled: dict[str, CompiledModule] = {}
     files: dict[str, Path] = {}
 
@@ -381,9 +408,9 @@ def _read_api(api: str, torch_version: str, top: Path, search: Optional[Sequence
         details = missing.setdefault(shown, [])
         if problem not in details:
             details.append(problem)
-    unknown = _sites.unknown_layout(api, torch_version)
-    if not missing and api != _sites.FULLY_SHARD:  # FSDP2's replicate came in 2.9
-        return LayoutAnswer(api, None, f"torch {torch_version} has no {api}")
+    unknown = _sites.unknown_layout(api, version)
+    if not missing and api != _sites.FULLY_SHARD:  # FSDP2's replicate came in 2.9, megatron's in 0.6
+        return LayoutAnswer(api, None, f"{_sites.distribution_of(api)} {version} has no {api}")
     if not missing:  # every torch with FSDP2 has fully_shard somewhere
         modules = ", ".join(dict.fromkeys(site.module for site in _sites.SITES if site.api == api))
         return LayoutAnswer(api, False, f"{unknown}: none of the modules where it looks for the class "
@@ -624,7 +651,7 @@ def show_doctor(report: DoctorReport, console: Console) -> None:
                       f"cannot run; see the probe's answer with: {PROG} verify")
     # One row per API: "fully_shard", "replicate", "DDP replicate".
     labels = {_sites.FULLY_SHARD: "FSDP2 layout", _sites.FSDP2_REPLICATE: "FSDP2 replicate",
-              _sites.DDP_REPLICATE: "DDP replicate"}
+              _sites.DDP_REPLICATE: "DDP replicate", _sites.MEGATRON_FULLY_SHARD: "Megatron-FSDP"}
     for answer in report.sites:
         text = str(answer["text"])
         colour = {True: None, False: "red", None: "yellow" if answer["doubt"] else None}[answer["known"]]

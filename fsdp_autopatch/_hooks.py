@@ -103,7 +103,7 @@ def watch(mode: _config.Mode) -> None:
         _give_up(f"wrapt could not be imported ({type(error).__name__}: {error}); "
                  "reinstall it with: pip install wrapt")
         return
-    names = _sites.TORCH_MODULES if mode.name == _config.FORCE else (*_sites.TORCH_MODULES, TRANSFORMERS)
+    names = _sites.WATCHED_MODULES if mode.name == _config.FORCE else (*_sites.WATCHED_MODULES, TRANSFORMERS)
     # Registered now, whatever is imported yet, so that wrapt sees every later import of them (in
     # any thread, in any order) and calls the hook once the module's body has run.
     _registering.active = True
@@ -268,10 +268,14 @@ def _unknown_layouts(
             continue
         sites = (site for site in _sites.SITES if site.api == api)
         bound = next(filter(None, map(_patch.user_binding, sites)), None)
+        distribution = _sites.distribution_of(api)
+        # Another package's version is read from its top-level module, loaded with the site's.
+        top_module = next(iter(modules)).split(".")[0]
+        version = torch_version if distribution == "torch" else _version_of(top_module)[0]
         if bound is not None:
-            unknown[api] = f"{bound}; remove that binding, or call torch's own"
+            unknown[api] = f"{bound}; remove that binding, or call {distribution}'s own"
         else:
-            unknown[api] = (f"{_sites.unknown_layout(api, torch_version)} (none of the class-construction "
+            unknown[api] = (f"{_sites.unknown_layout(api, version)} (none of the class-construction "
                             f"sites it patches is there); upgrade fsdp-autopatch, or set "
                             f"{_config.MODE_VARIABLE}=0 if you do not need it")
     return unknown

@@ -102,6 +102,18 @@ REPLICATE_ROW = Row(
 )
 
 # Composable DDP's replicate() builds DDP<Name>(DDP, cls) inline, a new class on every call.
+MEGATRON_ROW = Row(
+    "megatron-fsdp", (0, 6), (0, 7), True,
+    "0.6.0 and 0.6.1 read: experimental/fully_shard.py's _attach_mixin builds "
+    "type(f\"ExperimentalFsdp{module_cls.__name__}\", (FsdpModule, module_cls), {}) with the global type, "
+    "no cache, and assigns __class__; 0.6.1 + torch 2.13.0 + transformers 4.55.2 run on the CPU (1-rank "
+    "gloo, decoder layers then root): the root fails with the layout error unpatched and wraps "
+    "patched; the forward needs CUDA; 0.5.0 has no experimental module and no class swap",
+    f"0.6.0{_TO}0.6.1",
+    "Megatron-FSDP's experimental `fully_shard` builds `ExperimentalFsdp<Name>` inline, a new class per "
+    "call: patched (0.5.0 has no such site)",
+)
+
 DDP_ROW = Row(
     "torch", (2, 4), (2, 16), True,
     "2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0, 2.13.0 and 2.15.0 read: _composable/replicate.py's replicate() "
@@ -117,18 +129,20 @@ DDP_ROW = Row(
 
 @dataclass(frozen=True)
 class ClassSwap:
-    """A place in torch that assigns an object's ``__class__``, left alone, and why."""
+    """A place in torch (or another package with a site) that assigns an object's ``__class__``,
+    left alone, and why."""
 
-    file: str  # relative to the torch package
+    file: str  # relative to the package's directory
     function: str  # the enclosing function's qualified name, "<module>" at the top level, "*": any
     reason: str
+    package: str = "torch"  # the top-level package the file is in
 
 
 # Every __class__ assignment in the Python sources of torch 2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0,
-# 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0 that is not one of _sites.SITES'
-# builders (a sweep of each release's wheel, reading every assignment to ``X.__class__`` and every
-# setattr of "__class__"); tests/test_sites.py reads the installed torch and fails on one that is
-# neither a site nor listed here.
+# 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0, and of megatron-fsdp 0.5.0, 0.6.0 and
+# 0.6.1, that is not one of _sites.SITES' builders (a sweep of each release's wheel, reading every
+# assignment to ``X.__class__`` and every setattr of "__class__"); tests/test_sites.py reads the
+# installed torch and megatron-fsdp and fails on one that is neither a site nor listed here.
 OTHER_CLASS_SWAPS = (
     ClassSwap("nn/utils/parametrize.py", "_inject_new_class",
               "one base: Parametrized<Name>(cls,) keeps the original class's layout"),
@@ -149,6 +163,8 @@ OTHER_CLASS_SWAPS = (
               "a Python module object, not an nn.Module (2.13, 2.14)"),
     ClassSwap("_vendor/quack/pipeline.py", "*",
               "the vendored CUTLASS pipelines (2.13+) swap between their own kernel classes"),
+    ClassSwap("experimental/fully_shard.py", "fully_shard",
+              "back to the module's own class when FsdpModule.__init__ fails", "megatron_fsdp"),
 )
 
 # CPython decides the swap itself (compatible_for_assignment in Objects/typeobject.c); torch
@@ -326,8 +342,11 @@ def render_version_table() -> str:
     lines.append(f"| torch | ≥ {newer} | not in the rows: only the probe can say; without one, "
                  f"not patched (`{_config.MODE_VARIABLE}=force` patches anyway) |")
     lines += [f"| torch | {row.versions} | {row.fact} |" for row in (REPLICATE_ROW, DDP_ROW)]
+    lines.append(f"| megatron-fsdp | {MEGATRON_ROW.versions} | {MEGATRON_ROW.fact} |")
     lines += [f"| Python | {row.versions} | {row.fact} |" for row in PYTHON_ROWS]
-    lines += ["", f"Every other `__class__` assignment in torch 2.4{_TO}2.15, left alone:", "",
-              "| file (in torch/) | function | why |", "| --- | --- | --- |"]
-    lines += [f"| `{swap.file}` | `{swap.function}` | {swap.reason} |" for swap in OTHER_CLASS_SWAPS]
+    lines += ["", f"Every other `__class__` assignment in torch 2.4{_TO}2.15 and megatron-fsdp "
+              f"0.6.0{_TO}0.6.1, left alone:", "",
+              "| package | file | function | why |", "| --- | --- | --- | --- |"]
+    lines += [f"| {swap.package} | `{swap.file}` | `{swap.function}` | {swap.reason} |"
+              for swap in OTHER_CLASS_SWAPS]
     return "\n".join(lines) + "\n"

@@ -51,7 +51,7 @@ class Construction:
     {"__deepcopy__": deepcopy})``, called from ``builder`` in ``module`` (which names the class's
     ``__module__``). ``helper``: the builder function, where it is not the entry (torch 2.11+)."""
 
-    def __init__(self, site: Site, wrapper: type, deepcopy: Callable[..., Any], module: ModuleType,
+    def __init__(self, site: Site, wrapper: type, deepcopy: Optional[Callable[..., Any]], module: ModuleType,
                  helper: Optional[Callable[..., Any]]) -> None:
         self.site = site
         self.wrapper = wrapper
@@ -69,7 +69,7 @@ class Construction:
         return f"{self.site.prefix}{cls.__name__}"
 
     def namespace(self) -> dict[str, Any]:
-        return {"__deepcopy__": self.deepcopy}
+        return {} if self.deepcopy is None else {"__deepcopy__": self.deepcopy}
 
 
 class Decision:
@@ -362,7 +362,8 @@ def resolve(site: Site, just_ran: Optional[object] = None) -> Optional[Construct
     helper = getattr(module, site.builder) if site.builder_module != site.module else None
     if not isinstance(wrapper, type):
         return None
-    return Construction(site, wrapper, getattr(module, site.deepcopy), builder_module, helper)
+    deepcopy = getattr(module, site.deepcopy) if site.deepcopy else None
+    return Construction(site, wrapper, deepcopy, builder_module, helper)
 
 
 def user_binding(site: Site) -> Optional[str]:

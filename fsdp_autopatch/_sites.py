@@ -19,12 +19,15 @@ from fsdp_autopatch import (
     DDP_MODULE,
     FSDP2_PACKAGES,
     FULLY_SHARD_MODULES,
+    MEGATRON_FSDP_MODULE,
     REPLICATE_WITH_FSDP_MODULE,
     TORCH_MODULES,
     TRANSFORMERS,
+    WATCHED_MODULES,
 )
 
-__all__ = ["APIS", "DDP_MODULE", "FSDP2_PACKAGES", "SITES", "TORCH_MODULES", "TRANSFORMERS", "Site"]
+__all__ = ["APIS", "DDP_MODULE", "FSDP2_PACKAGES", "SITES", "TORCH_MODULES", "TRANSFORMERS",
+           "WATCHED_MODULES", "Site"]
 
 
 class Site:
@@ -34,12 +37,14 @@ class Site:
                  "wrappers")
 
     def __init__(self, api: str, module: str, entry: str, wrappers: "tuple[str, ...]", prefix: str,
-                 deepcopy: str, cache: "str | None" = None, builder: "tuple[str, str] | None" = None) -> None:
+                 deepcopy: "str | None", cache: "str | None" = None,
+                 builder: "tuple[str, str] | None" = None) -> None:
         self.api = api  # what users call it: one of APIS
         self.module = module  # the module of the entry function, the wrapper and the deep-copy stub
         self.entry = entry  # the public function whose call wraps a module
         self.wrappers = wrappers  # the wrapper class's global name in ``module``: the first one present
         self.prefix = prefix
+        # The deep-copy stub torch puts in the class's namespace; None: an empty namespace.
         self.deepcopy = deepcopy
         # torch's cls -> wrapper-class cache in ``module``, if this release keeps one: the patch only
         # drops from it the classes torch cached before the patch and CPython refuses.
@@ -61,7 +66,14 @@ class Site:
 FULLY_SHARD = "FSDP2 fully_shard"
 FSDP2_REPLICATE = "FSDP2 replicate"
 DDP_REPLICATE = "composable DDP replicate"
-APIS = (FULLY_SHARD, FSDP2_REPLICATE, DDP_REPLICATE)
+MEGATRON_FULLY_SHARD = "Megatron-FSDP fully_shard"
+APIS = (FULLY_SHARD, FSDP2_REPLICATE, DDP_REPLICATE, MEGATRON_FULLY_SHARD)
+# The distribution whose files hold an API's sites, where it is not torch.
+API_DISTRIBUTIONS = {MEGATRON_FULLY_SHARD: "megatron-fsdp"}
+
+
+def distribution_of(api: str) -> str:
+    return API_DISTRIBUTIONS.get(api, "torch")
 
 _FULLY_SHARD_2_6, _FULLY_SHARD_2_4 = FULLY_SHARD_MODULES
 # torch 2.11+ build both FSDP2 wrappers in one shared helper.
@@ -86,18 +98,23 @@ SITES = (
          (REPLICATE_WITH_FSDP_MODULE, "replicate_impl")),
     # Composable DDP builds a new DDP<Name> on every call: no cache.
     Site(DDP_REPLICATE, DDP_MODULE, "replicate", ("DDP",), "DDP", "unimplemented_deepcopy"),
+    # megatron-fsdp 0.6.0 - 0.6.1: a new ExperimentalFsdp<Name>(FsdpModule, <Name>) per call, with
+    # an empty namespace, built in _attach_mixin beside fully_shard (0.5.0 has no such module).
+    Site(MEGATRON_FULLY_SHARD, MEGATRON_FSDP_MODULE, "fully_shard", ("FsdpModule",), "ExperimentalFsdp", None,
+         builder=(MEGATRON_FSDP_MODULE, "_attach_mixin")),
 )
 
 
-def unknown_layout(api: str, torch_version: "str | None") -> str:
+def unknown_layout(api: str, version: "str | None") -> str:
     """"torch X's FSDP2 layout is unknown to fsdp-autopatch V": the start of what the status, the
-    log and doctor say when the loaded torch has none of ``api``'s sites. fully_shard's layout
-    is what the docs call FSDP2's."""
+    log and doctor say when the loaded torch (``version``; megatron-fsdp for its API) has none of
+    ``api``'s sites. fully_shard's layout is what the docs call FSDP2's."""
     import fsdp_autopatch
 
-    torch = f"torch {torch_version}" if torch_version else "this torch"
+    distribution = distribution_of(api)
+    owner = f"{distribution} {version}" if version else f"this {distribution}"
     what = "FSDP2" if api == FULLY_SHARD else api
-    return f"{torch}'s {what} layout is unknown to fsdp-autopatch {fsdp_autopatch.__version__}"
+    return f"{owner}'s {what} layout is unknown to fsdp-autopatch {fsdp_autopatch.__version__}"
 
 
 def shape_problem(site: Site, has: "object", code_of: "object") -> "str | None":
@@ -112,7 +129,7 @@ def shape_problem(site: Site, has: "object", code_of: "object") -> "str | None":
     wrapper = next((name for name in site.wrappers if has(module, name)), None)  # type: ignore[operator]
     if wrapper is None:
         return f"no {' or '.join(site.wrappers)} class"
-    for name in (site.deepcopy, site.entry):
+    for name in filter(None, (site.deepcopy, site.entry)):
         if not has(module, name):  # type: ignore[operator]
             return f"no {name}"
     if (site.builder_module, site.builder) != (module, site.entry):

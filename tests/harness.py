@@ -43,13 +43,16 @@ BUILD_TIMEOUT = 600
 # the matrix's cells), not these pins.
 TORCH_PIN = "2.13.0"
 TRANSFORMERS_PIN = "4.55.2"
+# Megatron-FSDP with the experimental fully_shard the package patches (torch, einops, packaging).
+MEGATRON_FSDP_PIN = "0.6.1"
 # The frameworks tests/stacks/ runs around a sharded model, as the stacks session installs them.
 STACKS_PINS = {
     "accelerate": "1.10.1", "trl": "0.21.0", "peft": "0.17.1", "datasets": "5.0.1", "verl": "0.6.1",
     # verl pins numpy < 2; pyarrow from 22 on needs numpy 2 at import time (pip does not know).
     "pyarrow": "21.0.0",
 }
-_PINS = {"torch": TORCH_PIN, "transformers": TRANSFORMERS_PIN, **STACKS_PINS}
+_PINS = {"torch": TORCH_PIN, "transformers": TRANSFORMERS_PIN, "megatron-fsdp": MEGATRON_FSDP_PIN,
+         **STACKS_PINS}
 
 
 def requirements(*names: str) -> tuple[str, ...]:

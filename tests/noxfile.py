@@ -30,6 +30,8 @@ PYTHONS = ["3.9", "3.10", "3.11", "3.12", "3.13"]
 # No index is named here: from PyPI alone pip takes a CUDA build (about 5 GB); with
 # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu in the environment, torch's CPU build.
 TORCH_STACK = requirements("torch", "transformers")
+# Only the tests session: Megatron-FSDP's site is proven there (it needs Python 3.10+).
+MEGATRON = requirements("megatron-fsdp")
 REQUIRE = {"FSDP_AUTOPATCH_TEST_REQUIRE": "1"}
 # Progress on every test (-v) and the slowest tests at the end; conftest.py adds a line every
 # 30 s for a test still running.
@@ -56,7 +58,7 @@ def install_wheel(session: nox.Session, *packages: str) -> None:
 def tests(session: nox.Session) -> None:
     """All tests but the stress loops: real torch, transformers and gloo in subprocesses."""
     # build: the packaging tests build the sdist and the wheel as a release would.
-    install_wheel(session, *TORCH_STACK, "pytest", "pytest-xdist", "build")
+    install_wheel(session, *TORCH_STACK, *MEGATRON, "pytest", "pytest-xdist", "build")
     # Two workers: the tests are subprocess-bound, and each starts its own interpreters, venvs
     # and gloo groups on free ports, so none waits on another.
     session.run("pytest", "-n", "2", *REPORTING, "-m", "not stress", *session.posargs, env=REQUIRE)

@@ -96,7 +96,10 @@ def test_a_type_call_in_a_nested_function_reaches_the_global() -> None:
 
 
 def test_the_start_up_names_come_from_the_table() -> None:
-    assert set(_sites.TORCH_MODULES) == {*_sites.FSDP2_PACKAGES, *(site.module for site in _sites.SITES)}
+    assert set(_sites.WATCHED_MODULES) == {*_sites.FSDP2_PACKAGES, *(site.module for site in _sites.SITES)}
+    # torch's modules are those of the sites of torch's APIs; Megatron-FSDP's is watched beside them.
+    torch_sites = [site for site in _sites.SITES if _sites.distribution_of(site.api) == "torch"]
+    assert set(_sites.TORCH_MODULES) == {*_sites.FSDP2_PACKAGES, *(site.module for site in torch_sites)}
     assert {site.api for site in _sites.SITES} == set(_sites.APIS)
 
 
@@ -143,30 +146,41 @@ def is_class_swap(node: ast.AST) -> bool:
             and any(isinstance(arg, ast.Constant) and arg.value == "__class__" for arg in node.args))
 
 
-def unaccounted(swaps: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
-    covered = {(site.builder_module.replace(".", "/").removeprefix("torch/") + ".py", site.builder)
+def unaccounted(swaps: list[tuple[str, str, int]], package: str = "torch") -> list[tuple[str, str, int]]:
+    """The swaps found in ``package``'s files that are neither a site's builder nor left alone."""
+    covered = {(site.builder_module.replace(".", "/").removeprefix(f"{package}/") + ".py", site.builder)
                for site in _sites.SITES}
-    left_alone = {(swap.file, swap.function) for swap in _matrix.OTHER_CLASS_SWAPS}
+    left_alone = {(swap.file, swap.function) for swap in _matrix.OTHER_CLASS_SWAPS if swap.package == package}
     return [swap for swap in swaps
             if swap[:2] not in covered | left_alone and (swap[0], "*") not in left_alone]
 
 
-def installed_torch() -> Path:
-    torch_dir = site_packages() / "torch"
-    if not (torch_dir / "__init__.py").is_file():
-        pytest.skip("torch is not installed here; run the tests with: nox -f tests/noxfile.py -s tests")
-    return torch_dir
+def installed(package: str) -> Path:
+    directory = site_packages() / package
+    if not (directory / "__init__.py").is_file():
+        pytest.skip(f"{package} is not installed here; run the tests with: nox -f tests/noxfile.py -s tests")
+    return directory
 
 
 @pytest.mark.slow
 def test_every_class_swap_of_the_installed_torch_is_a_site_or_left_alone_with_a_reason() -> None:
-    swaps = class_swaps(installed_torch())
+    swaps = class_swaps(installed("torch"))
     assert unaccounted(swaps) == [], (
         "torch swaps a class where fsdp-autopatch neither patches nor says why it need not: add a "
         "Site to fsdp_autopatch/_sites.py, or a ClassSwap with the reason to _matrix.OTHER_CLASS_SWAPS")
     # The sites of this torch are among what was found, so the sweep sees them.
     assert {(file, function) for file, function, _ in swaps} & {
         ("distributed/_composable/replicate.py", "replicate")}
+
+
+@pytest.mark.slow
+def test_every_class_swap_of_the_installed_megatron_fsdp_is_a_site_or_left_alone_with_a_reason() -> None:
+    swaps = class_swaps(installed("megatron_fsdp"))
+    assert unaccounted(swaps, "megatron_fsdp") == [], (
+        "megatron-fsdp swaps a class where fsdp-autopatch neither patches nor says why it need not: "
+        "add a Site to fsdp_autopatch/_sites.py, or a ClassSwap to _matrix.OTHER_CLASS_SWAPS")
+    found = {(file, function) for file, function, _ in swaps}
+    assert ("experimental/fully_shard.py", "_attach_mixin") in found
 
 
 def test_a_new_class_swap_in_torch_fails_the_sweep(tmp_path: Path) -> None:

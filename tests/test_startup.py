@@ -121,11 +121,12 @@ def test_installed_files_match_the_checkout(installed: Path) -> None:
 
 
 def test_watched_modules_are_the_sites_modules() -> None:
-    """The start-up module names the torch modules itself, to import nothing at start-up; the
-    table of sites takes them from there, and every one of them is a site's or an FSDP2 package."""
+    """The start-up module names the modules it watches itself, to import nothing at start-up;
+    the table of sites takes them from there, and every one of them is a site's or an FSDP2
+    package."""
     from fsdp_autopatch import _sites
 
-    assert set(fsdp_autopatch.TORCH_MODULES) == {*_sites.FSDP2_PACKAGES, *(s.module for s in _sites.SITES)}
+    assert set(fsdp_autopatch.WATCHED_MODULES) == {*_sites.FSDP2_PACKAGES, *(s.module for s in _sites.SITES)}
 
 
 # --- what a plain interpreter pays -------------------------------------------------------------
