@@ -235,7 +235,10 @@ def check_plugin(torch_version: Optional[str]) -> tuple[bool, str]:
         return False, (f"{PLUGIN_SWITCH}={os.environ[PLUGIN_SWITCH]} turns torch's plugin entry points off; "
                        "unset it, or call fsdp_autopatch.apply() in the training script")
     try:
-        ours = [e for e in metadata.entry_points(group=PLUGIN_GROUP) if e.name == "fsdp_autopatch"]
+        found = metadata.entry_points()
+        # Python 3.9 returns a dict by group; 3.10+ selects.
+        group = found.select(group=PLUGIN_GROUP) if hasattr(found, "select") else found.get(PLUGIN_GROUP, ())
+        ours = [e for e in group if e.name == "fsdp_autopatch"]
     except Exception as error:
         return False, f"the {PLUGIN_GROUP} entry points cannot be read ({type(error).__name__}: {error})"
     if not ours:

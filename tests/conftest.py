@@ -260,7 +260,10 @@ TORCH_PLUGIN_LOOP = """
 import os
 from importlib.metadata import entry_points
 if os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1":
-    for backend_extension in entry_points(group="torch.backends"):
+    found = entry_points()  # torch 2.5+ needs Python 3.10+'s select(); the fake runs on 3.9 too
+    name = "torch.backends"
+    group = found.select(group=name) if hasattr(found, "select") else found.get(name, ())
+    for backend_extension in group:
         try:
             backend_extension.load()()
         except Exception as err:

@@ -143,6 +143,10 @@ def public_names(module: types.ModuleType) -> dict[str, Any]:
     return {name: value for name, value in vars(module).items() if not name.startswith("_")}
 
 
+# inspect.signature evaluates string annotations on request from Python 3.10.
+EVAL_STR = {"eval_str": True} if sys.version_info >= (3, 10) else {}
+
+
 def what_users_read(module: types.ModuleType) -> dict[str, Any]:
     """What code outside the builder reads of the module: its names, a star import, ``eval``,
     the annotations resolved at run time."""
@@ -152,7 +156,7 @@ def what_users_read(module: types.ModuleType) -> dict[str, Any]:
     return {
         "names": public_names(module), "star": star, "type": eval("type", vars(module)),
         "hints": typing.get_type_hints(module.wrap),
-        "signature": inspect.signature(module.wrap, eval_str=True),
+        "signature": inspect.signature(module.wrap, **EVAL_STR),
     }
 
 
