@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import re
 import shutil
@@ -15,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, environment, run_python
+from conftest import ROOT, environment, repository_file, run_python
 from harness import make_venv, run_logged
 
 from fsdp_autopatch import __version__
@@ -158,34 +159,28 @@ def test_the_package_page_links_to_the_docs_of_the_tagged_commit(distributions: 
             assert (ROOT / original.split("#")[0]).is_file(), f"the README links to a missing {original}"
 
 
-def build_at_commit_time(source: Path, out: Path) -> dict[str, bytes]:
+def build_tools(where: Path, *requirements: str) -> str:
+    """A venv with pip and ``requirements`` (the build tools); its Python."""
+    venv = make_venv(where, with_pip=True)
+    run_logged([str(venv.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                *requirements], None, env=environment())
+    return str(venv.python)
+
+
+def build_at_commit_time(source: Path, out: Path, python: str, *flags: str) -> dict[str, bytes]:
     """The sdist and the wheel of the clone ``source``, built as the release workflow builds them:
-    ``python -m build`` with ``SOURCE_DATE_EPOCH`` from the commit. Their bytes, by file name."""
+    ``python -m build --no-isolation`` with the tools of ``python``'s venv and
+    ``SOURCE_DATE_EPOCH`` from the commit. Their bytes, by file name."""
     epoch = run_logged(["git", "-C", str(source), "log", "-1", "--format=%ct"], None).strip()
-    run_logged([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out), str(source)],
-               None, env=environment(SOURCE_DATE_EPOCH=epoch))
+    run_logged([python, "-m", "build", "--no-isolation", *flags, "--sdist", "--wheel", "--outdir", str(out),
+                str(source)], None, env=environment(SOURCE_DATE_EPOCH=epoch))
     return {path.name: path.read_bytes() for path in sorted(out.iterdir())}
 
 
-@pytest.mark.slow
-def test_one_commit_builds_byte_identical_distributions(tmp_path: Path) -> None:
-    """Anyone can rebuild a release from its tag and compare: two clones of the commit, at paths
-    that differ (one with a space and non-ASCII characters), build the same bytes."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("needs git and a git checkout: the build time comes from the commit")
-    if importlib.util.find_spec("build") is None:
-        pytest.skip("the build package is not installed; the nox tests session installs it")
-    builds = []
-    for number, name in enumerate(("first", "an other clône")):
-        clone = tmp_path / name / "fsdp-autopatch"
-        run_logged(["git", "clone", "--quiet", str(ROOT), str(clone)], None, env=environment())
-        builds.append(build_at_commit_time(clone, tmp_path / f"dist-{number}"))
-    first, second = builds
-    assert sorted(first) == [f"fsdp_autopatch-{__version__}-py3-none-any.whl",
-                             f"fsdp_autopatch-{__version__}.tar.gz"]
-    assert sorted(first) == sorted(second)
-    differing = [name for name in first if first[name] != second[name]]
-    assert differing == [], f"two builds of one commit differ: {differing}"
+def wheel_metadata(wheel: bytes) -> dict[str, str]:
+    with zipfile.ZipFile(io.BytesIO(wheel)) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        return dict(Parser().parsestr(archive.read(name).decode()).items())
 
 
 # The hatchling release before the declared floor: it builds, but writes no License-Expression.
@@ -198,25 +193,34 @@ def declared_floor() -> str:
     return match.group(1)
 
 
-def wheel_metadata_built_with(hatchling: str, where: Path) -> dict[str, str]:
-    """The METADATA fields of the wheel that ``hatchling==X`` builds from the checkout."""
-    venv = make_venv(where / "venv", with_pip=True)
-    run_logged([str(venv.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                f"hatchling=={hatchling}", "build"], None, env=environment())
-    # --skip-dependency-check: below the floor, build would refuse to try.
-    run_logged([str(venv.python), "-m", "build", "--no-isolation", "--skip-dependency-check", "--wheel",
-                "--outdir", str(where / "dist"), str(ROOT)], None, env=environment())
-    (wheel,) = (where / "dist").glob("*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
-        return dict(Parser().parsestr(archive.read(name).decode()).items())
-
-
 @pytest.mark.slow
-def test_the_declared_build_floor_is_the_oldest_hatchling_that_writes_the_license_expression(
-    tmp_path: Path,
-) -> None:
-    floor = declared_floor()
-    assert wheel_metadata_built_with(floor, tmp_path / "floor").get("License-Expression") == "MIT"
-    below = wheel_metadata_built_with(BELOW_THE_FLOOR, tmp_path / "below")
-    assert "License-Expression" not in below and below["Metadata-Version"] < "2.4"
+def test_one_commit_builds_byte_identical_distributions_and_the_declared_floor_builds(tmp_path: Path) -> None:
+    """Anyone can rebuild a release from its tag and compare: with the release's own build tools
+    (.ci/release-tools), two clones of the commit, at paths that differ (one with a space and
+    non-ASCII characters), build the same bytes. And the oldest hatchling ``[build-system]``
+    allows builds it with its license expression, which the release before it cannot write."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs git and a git checkout: the build time comes from the commit")
+    tools = subprocess.run([sys.executable, str(repository_file(".ci/release-tools"))], capture_output=True,
+                           text=True, check=True, env=environment(), timeout=60).stdout.split()
+    python = build_tools(tmp_path / "release-tools", *tools)
+    builds, clones = [], []
+    for number, name in enumerate(("first", "an other clône")):
+        clone = tmp_path / name / "fsdp-autopatch"
+        run_logged(["git", "clone", "--quiet", str(ROOT), str(clone)], None, env=environment())
+        clones.append(clone)
+        builds.append(build_at_commit_time(clone, tmp_path / f"dist-{number}", python))
+    first, second = builds
+    wheel_name = f"fsdp_autopatch-{__version__}-py3-none-any.whl"
+    assert sorted(first) == [wheel_name, f"fsdp_autopatch-{__version__}.tar.gz"]
+    assert sorted(first) == sorted(second)
+    differing = [name for name in first if first[name] != second[name]]
+    assert differing == [], f"two builds of one commit differ: {differing}"
+    assert wheel_metadata(first[wheel_name])["License-Expression"] == "MIT"
+    build = next(tool for tool in tools if tool.startswith("build=="))
+    # --skip-dependency-check: below the floor, build would refuse to try.
+    for hatchling, expression in ((declared_floor(), "MIT"), (BELOW_THE_FLOOR, None)):
+        python = build_tools(tmp_path / f"hatchling-{hatchling}", build, f"hatchling=={hatchling}")
+        built = build_at_commit_time(clones[0], tmp_path / f"dist-{hatchling}", python,
+                                     "--skip-dependency-check")
+        assert wheel_metadata(built[wheel_name]).get("License-Expression") == expression, hatchling
