@@ -24,7 +24,6 @@ import weakref
 from typing import Any, Callable
 
 import torch
-import torch.distributed._composable.replicate_with_fsdp  # FSDP2 replicate
 import torch.distributed.fsdp  # FSDP2, and composable DDP through it
 import transformers  # noqa: F401 (an affected release arms the patch in auto mode)
 from torch import nn
@@ -33,6 +32,11 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 import fsdp_autopatch
 from fsdp_autopatch import DDP_MODULE, _sites, _verify
+
+try:  # FSDP2 replicate, torch 2.9+
+    import torch.distributed._composable.replicate_with_fsdp
+except ImportError:
+    pass
 
 LAYOUT_ERROR = _verify.LAYOUT_ERROR
 # The package torch.distributed._composable binds the function replicate under the submodule's name.
