@@ -39,15 +39,18 @@ def assert_unpatched_torch(report: dict[str, object]) -> None:
 
 
 def test_apply_patches_modules_imported_before_it(installed: Path) -> None:
-    """``python -S`` reads no .pth (as embedded or PYTHONPATH installs): ``apply()`` then patches
-    the torch and transformers that are already imported."""
+    """``python -S`` reads no .pth (as embedded or PYTHONPATH installs), and with torch's plugin
+    entry points off (as torch 2.4 has none) nothing arms the package: ``apply()`` then patches
+    the torch and transformers that are already imported. (With the plugins on, torch's own
+    entry point arms it: tests/test_plugin.py.)"""
     # site-packages, and where the package is imported from (the checkout, for an editable install).
     path = os.pathsep.join((str(installed), str(Path(fsdp_autopatch.__file__).parent.parent)))
-    without = shard_abc_head("-S", PYTHONPATH=path)
+    nothing_arms = {"PYTHONPATH": path, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    without = shard_abc_head("-S", **nothing_arms)
     assert "not armed" in without["before"]["reason"]
     assert_unpatched_torch(without)
 
-    report = shard_abc_head("-S", calls="fsdp_autopatch.apply()", PYTHONPATH=path)
+    report = shard_abc_head("-S", calls="fsdp_autopatch.apply()", **nothing_arms)
     assert report["after"]["applied"] is layout_bug_here() and report["error"] is None
     assert report["after"]["decided_by"] == "probe"
 
