@@ -43,5 +43,7 @@ def status() -> Status:
                   f"({fsdp_autopatch.DDP_MODULE}) or transformers")
     else:
         reason = ("not armed: fsdp_autopatch.pth did not run in this interpreter (python -S, "
-                  "PYTHONPATH or --target install?); call fsdp_autopatch.apply()")
+                  "PYTHONPATH or --target install?), and torch's plugin entry point has not armed it "
+                  "(torch not imported yet, torch before 2.5, or TORCH_DEVICE_BACKEND_AUTOLOAD=0); "
+                  "call fsdp_autopatch.apply()")
     return Status(False, reason, mode.name)
