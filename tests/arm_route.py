@@ -55,14 +55,15 @@ def main(argv: list[str]) -> int:
         sys.meta_path.insert(0, TorchFirst())
     if "--package-first" in argv or "--torch-inside-package-import" in argv:
         import fsdp_autopatch
-    import torch.distributed.fsdp
+    import torch
     import transformers  # noqa: F401 (an affected release arms the patch in auto mode)
     from torch import nn
     from torch.distributed._composable.replicate import replicate
-    from torch.distributed.fsdp import fully_shard
 
     import fsdp_autopatch
     from fsdp_autopatch import _verify
+
+    fully_shard = _verify.fsdp2().fully_shard  # torch.distributed.fsdp's, or torch 2.4 - 2.5's
 
     class Head(abc.ABC, nn.Linear):
         pass
