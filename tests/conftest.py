@@ -32,7 +32,8 @@ __all__ = [
     "LAYOUT_ERROR", "PLUGIN_MODULE", "REPOSITORY_ONLY", "ROOT", "SCENARIO", "Throwaway", "alive",
     "command_line", "ctrl_c_as_at_a_terminal", "environment", "fake_torch", "fake_transformers",
     "json_lines", "layout_bug_here", "lent_site_packages", "make_throwaway", "marked_run", "needs_proc",
-    "own_lines", "processes_marked", "repository_file", "run_python", "run_scenario", "shard_abc_head",
+    "own_lines", "processes_marked", "repository_file", "run_program", "run_python", "run_scenario",
+    "shard_abc_head",
     "site_packages", "write_module",
 ]
 
@@ -112,17 +113,27 @@ def run_python(
     )
 
 
-def run_scenario(
-    *args: str, env: Optional[dict[str, str]] = None, timeout: float = 600
-) -> list[dict[str, Any]]:
-    """Run tests/scenario.py in a fresh interpreter; fail with its stderr if it fails."""
+def run_program(
+    program: Path, *args: str, flags: tuple[str, ...] = (), env: Optional[dict[str, str]] = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """Run a program file of tests/ (``python *flags program *args``) in a fresh interpreter of
+    this environment, away from the checkout; fail with its stderr if it fails."""
     result = subprocess.run(
-        [sys.executable, str(SCENARIO), *args], capture_output=True, text=True,
+        [sys.executable, *flags, str(program), *args], capture_output=True, text=True,
         env=environment() if env is None else env, timeout=timeout, check=False,
         cwd=Path(sysconfig.get_paths()["purelib"]).parent,
     )
-    assert result.returncode == 0, f"scenario {args} exited {result.returncode}:\n{result.stderr[-4000:]}"
-    return json_lines(result.stdout)
+    assert result.returncode == 0, (f"{program.name} {args} exited {result.returncode}:\n"
+                                    f"{result.stderr[-4000:]}")
+    return result
+
+
+def run_scenario(
+    *args: str, env: Optional[dict[str, str]] = None, timeout: float = 600
+) -> list[dict[str, Any]]:
+    """Run tests/scenario.py in a fresh interpreter; its JSON lines."""
+    return json_lines(run_program(SCENARIO, *args, env=env, timeout=timeout).stdout)
 
 
 SHARD_ABC_HEAD = """

@@ -10,14 +10,11 @@ after a reload. Only the layout error of an ABC-first module differs: the bug, f
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import environment, json_lines, layout_bug_here
+from conftest import environment, json_lines, layout_bug_here, run_program
 
 pytestmark = pytest.mark.slow
 
@@ -27,12 +24,7 @@ UNPATCHED, PATCHED = "layout", "wrapped"
 
 
 def run(part: str, *args: str, **env: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, str(PROGRAM), part, *args], capture_output=True, text=True,
-        env=environment(**env), cwd=Path(sysconfig.get_paths()["purelib"]).parent, timeout=600, check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    (report,) = json_lines(result.stdout)
+    (report,) = json_lines(run_program(PROGRAM, part, *args, env=environment(**env)).stdout)
     return report
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import environment, json_lines, layout_bug_here
+from conftest import environment, json_lines, layout_bug_here, run_program
 
 pytestmark = pytest.mark.slow
 
@@ -25,11 +24,7 @@ SITE = "megatron_fsdp.experimental.fully_shard.fully_shard"
 
 def run(program: str, *args: str, **env: str) -> dict[str, Any]:
     pytest.importorskip("megatron_fsdp", reason="megatron-fsdp is not installed; the tests session has it")
-    result = subprocess.run([sys.executable, str(HERE / program), *args], capture_output=True, text=True,
-                            env=environment(**env), cwd=Path(sysconfig.get_paths()["purelib"]).parent,
-                            timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-4000:]
-    (report,) = json_lines(result.stdout)
+    (report,) = json_lines(run_program(HERE / program, *args, env=environment(**env)).stdout)
     return report
 
 

@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from conftest import (
     lent_site_packages,
     make_throwaway,
     own_lines,
+    run_program,
     run_python,
 )
 from harness import build_wheel
@@ -61,12 +61,7 @@ def layouts(tmp_path_factory: pytest.TempPathFactory, installed: Path) -> dict[s
 
 
 def arm_route(path: str, *args: str, **env: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-S", str(PROGRAM), *args], capture_output=True, text=True,
-        env=environment(PYTHONPATH=path, **env), cwd=Path(sysconfig.get_paths()["purelib"]).parent,
-        timeout=600, check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = run_program(PROGRAM, *args, flags=("-S",), env=environment(PYTHONPATH=path, **env))
     assert own_lines(result.stderr) == []
     (report,) = json_lines(result.stdout)
     return report
