@@ -8,14 +8,18 @@ Claims about start-up and about fully_shard are checked in fresh subprocesses of
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import textwrap
+import time
 import uuid
 from dataclasses import dataclass
 from importlib import metadata
@@ -104,36 +108,152 @@ def run_python(
     python: str = sys.executable,
     cwd: Optional[Path] = None,
     timeout: float = 600,
+    prepared: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter (``python *flags -c code``) away from the checkout."""
+    """Run ``code`` in a fresh interpreter (``python *flags -c code``) away from the checkout;
+    ``prepared``: in a child of the prepared interpreter for ``env`` instead (tests/prepared.py)."""
+    code = textwrap.dedent(code)
+    env = environment() if env is None else env
+    cwd = cwd or site_packages().parent
+    if prepared:
+        assert not flags and python == sys.executable, "a prepared interpreter takes no flags"
+        return prepared_interpreter(env).run({"code": code, "args": []}, env, cwd, timeout)
     return subprocess.run(
-        [python, *flags, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, env=environment() if env is None else env,
-        cwd=cwd or Path(sysconfig.get_paths()["purelib"]).parent, timeout=timeout, check=False,
+        [python, *flags, "-c", code], capture_output=True, text=True, env=env, cwd=cwd,
+        timeout=timeout, check=False,
     )
 
 
 def run_program(
     program: Path, *args: str, flags: tuple[str, ...] = (), env: Optional[dict[str, str]] = None,
-    timeout: float = 600,
+    timeout: float = 600, prepared: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run a program file of tests/ (``python *flags program *args``) in a fresh interpreter of
-    this environment, away from the checkout; fail with its stderr if it fails."""
-    result = subprocess.run(
-        [sys.executable, *flags, str(program), *args], capture_output=True, text=True,
-        env=environment() if env is None else env, timeout=timeout, check=False,
-        cwd=Path(sysconfig.get_paths()["purelib"]).parent,
-    )
+    this environment, away from the checkout, or, ``prepared``, in a child of the prepared
+    interpreter for ``env``; fail with its stderr if it fails."""
+    env = environment() if env is None else env
+    cwd = site_packages().parent
+    if prepared:
+        assert not flags, "a prepared interpreter takes no flags"
+        result = prepared_interpreter(env).run(
+            {"program": str(program), "args": list(args)}, env, cwd, timeout)
+    else:
+        result = subprocess.run(
+            [sys.executable, *flags, str(program), *args], capture_output=True, text=True,
+            env=env, timeout=timeout, check=False, cwd=cwd,
+        )
     assert result.returncode == 0, (f"{program.name} {args} exited {result.returncode}:\n"
                                     f"{result.stderr[-4000:]}")
     return result
 
 
 def run_scenario(
-    *args: str, env: Optional[dict[str, str]] = None, timeout: float = 600
+    *args: str, env: Optional[dict[str, str]] = None, timeout: float = 600, prepared: bool = False
 ) -> list[dict[str, Any]]:
-    """Run tests/scenario.py in a fresh interpreter; its JSON lines."""
-    return json_lines(run_program(SCENARIO, *args, env=env, timeout=timeout).stdout)
+    """Run tests/scenario.py in a fresh interpreter (or a prepared one's child); its JSON lines."""
+    return json_lines(run_program(SCENARIO, *args, env=env, timeout=timeout, prepared=prepared).stdout)
+
+
+# --- prepared interpreters ---------------------------------------------------------------------
+
+PREPARED = ROOT / "tests" / "prepared.py"
+
+
+class PreparedInterpreter:
+    """tests/prepared.py, started with one environment: torch's wrappers and transformers
+    imported once, a forked child per case. Its own stderr (a failed start) goes to a file."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.scratch = Path(tempfile.mkdtemp(prefix="fsdp-autopatch-prepared-"))
+        self.replies, reply_end = os.pipe()
+        self.log = (self.scratch / "prepared.err").open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, str(PREPARED), str(reply_end)], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=self.log, text=True, env=env,
+            cwd=site_packages().parent, pass_fds=(reply_end,),
+        )
+        os.close(reply_end)
+        self.pending = b""
+        self.cases = 0
+        assert self.next_reply(600).get("ready"), "the prepared interpreter did not get ready"
+
+    def next_reply(self, timeout: float) -> dict[str, Any]:
+        """The next JSON line it sends, within ``timeout`` seconds (TimeoutError if not)."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.replies], [], [], left)[0]:
+                raise TimeoutError(f"no reply from the prepared interpreter in {timeout} s")
+            chunk = os.read(self.replies, 65536)
+            if not chunk:
+                self.process.wait(timeout=60)
+                raise RuntimeError("the prepared interpreter exited "
+                                   f"{self.process.returncode}: {self.errors()}")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def errors(self) -> str:
+        return (self.scratch / "prepared.err").read_text(errors="replace")[-4000:]
+
+    def run(self, request: dict[str, Any], env: dict[str, str], cwd: Path,
+            timeout: float) -> subprocess.CompletedProcess[str]:
+        """One case in a forked child: what ``subprocess.run`` would return for it."""
+        self.cases += 1
+        out, err = self.scratch / f"{self.cases}.out", self.scratch / f"{self.cases}.err"
+        request = dict(request, env=env, cwd=str(cwd), stdout=str(out), stderr=str(err))
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        described = [request.get("program", "-c"), *request["args"]]
+        pid = self.next_reply(60)["pid"]
+        try:
+            returncode = self.next_reply(timeout)["returncode"]
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            self.next_reply(60)
+            raise subprocess.TimeoutExpired(described, timeout) from None
+        result = subprocess.CompletedProcess(
+            described, returncode, out.read_text(errors="replace"), err.read_text(errors="replace"))
+        out.unlink()
+        err.unlink()
+        return result
+
+    def close(self) -> None:
+        """End it (stdin at its end ends it) and wait for it."""
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        os.close(self.replies)
+        self.log.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+_prepared: dict[frozenset[tuple[str, str]], PreparedInterpreter] = {}
+# Each holds torch and transformers in memory (about 0.5 GB); a test process keeps this many.
+PREPARED_LIMIT = 4
+
+
+def prepared_interpreter(env: dict[str, str]) -> PreparedInterpreter:
+    """This process's prepared interpreter for ``env``, started on first use."""
+    # pytest names the running test in the environment: a variable nothing reads at start-up
+    # (the case's child gets the current value).
+    key = frozenset((name, value) for name, value in env.items() if name != "PYTEST_CURRENT_TEST")
+    if key not in _prepared:
+        while len(_prepared) >= PREPARED_LIMIT:  # the least recently started goes: memory
+            _prepared.pop(next(iter(_prepared))).close()
+        _prepared[key] = PreparedInterpreter(env)
+    return _prepared[key]
+
+
+def close_prepared_interpreters() -> None:
+    while _prepared:
+        _prepared.popitem()[1].close()
 
 
 SHARD_ABC_HEAD = """
@@ -170,13 +290,14 @@ SHARD_ABC_HEAD = """
 
 
 def shard_abc_head(
-    *flags: str, calls: str = "pass", prelude: str = "", **env: Optional[str]
+    *flags: str, calls: str = "pass", prelude: str = "", prepared: bool = False, **env: Optional[str]
 ) -> dict[str, Any]:
-    """Shard ``class Head(abc.ABC, nn.Linear)`` in a fresh interpreter after running ``prelude``,
-    importing torch's FSDP2 and transformers and running ``calls``; the status before and after,
-    and the error."""
+    """Shard ``class Head(abc.ABC, nn.Linear)`` in a fresh interpreter (or, ``prepared``, a
+    prepared one's child) after running ``prelude``, importing torch's FSDP2 and transformers and
+    running ``calls``; the status before and after, and the error."""
+    assert not (prepared and prelude), "a prelude runs before the imports: it needs a fresh interpreter"
     code = textwrap.dedent(prelude) + textwrap.dedent(SHARD_ABC_HEAD.format(calls=calls))
-    result = run_python(code, *flags, env=environment(**env))
+    result = run_python(code, *flags, env=environment(**env), prepared=prepared)
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     return report
@@ -381,11 +502,13 @@ def command_line(pid: str) -> str:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Fail the run when a process a test started is still running, and kill it by its id.
+    """End this process's prepared interpreters; then fail the run when a process a test started
+    is still running, and kill it by its id.
 
     Checked in the process that made the session's marker, last: under xdist, the controller,
-    once its workers (which carry the marker too) are gone; whatever a worker's tests started
-    carries it as well."""
+    once its workers (which carry the marker too, and have ended their prepared interpreters)
+    are gone; whatever a worker's tests started carries it as well."""
+    close_prepared_interpreters()
     if os.environ.get("PYTEST_XDIST_WORKER") or not Path("/proc/self/environ").is_file():
         return
     left = {pid: command_line(pid) for pid in processes_marked(SESSION_MARKER)}
@@ -454,7 +577,7 @@ def layout_bug_here() -> bool:
             metadata.version("torch")
         except metadata.PackageNotFoundError:
             _missing("torch is not installed")
-        result = run_python(PROBE_LAYOUT_BUG, env=environment(FSDP_AUTOPATCH="0"))
+        result = run_python(PROBE_LAYOUT_BUG, env=environment(FSDP_AUTOPATCH="0"), prepared=True)
         assert result.returncode == 0, result.stderr[-4000:]
         (line,) = json_lines(result.stdout)
         answer = line["bug"]

@@ -205,7 +205,7 @@ print(json.dumps({{"status": fsdp_autopatch.status().to_dict(), "rounds": rounds
 
 def shard_in_threads(rounds: int, **variables: Optional[str]) -> dict[str, Any]:
     result = run_python(SHARD_IN_THREADS.format(rounds=rounds), env=environment(**variables),
-                        timeout=TRIAL_TIMEOUT)
+                        timeout=TRIAL_TIMEOUT, prepared=True)
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     return report

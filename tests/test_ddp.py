@@ -59,7 +59,9 @@ def replicate_and_train(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The status line (and whether FSDP2 was imported), and each run's result."""
     code = f"import sys; sys.argv[1:] = {list(runs)!r}\n{IMPORTS[order]}{REPLICATE_AND_TRAIN}"
-    result = run_python(code, env=environment(**env))
+    # after-fsdp2 begins as tests/prepared.py does: its cases run in a child of the prepared
+    # interpreter, the other orders in a fresh one.
+    result = run_python(code, env=environment(**env), prepared=order == "after-fsdp2")
     assert result.returncode == 0, result.stderr[-4000:]
     lines = json_lines(result.stdout)
     (head,) = [line for line in lines if "status" in line]

@@ -608,13 +608,16 @@ DEFAULT_IMPORTS = "import torch.distributed.fsdp, transformers"
 
 def shard(
     prelude: str = "", imports: str = DEFAULT_IMPORTS, pythonpath: Optional[Path] = None,
-    **variables: Optional[str],
+    prepared: bool = False, **variables: Optional[str],
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
-    """Run ``prelude``, the imports, then one sharded train step of an ABC-headed model."""
+    """Run ``prelude``, the imports, then one sharded train step of an ABC-headed model, in a
+    fresh interpreter or (``prepared``, no fault: nothing before the default imports) a prepared
+    one's child."""
+    assert not prepared or (not prelude and imports == DEFAULT_IMPORTS and pythonpath is None)
     if pythonpath is not None:
         variables["PYTHONPATH"] = str(pythonpath)
     code = textwrap.dedent(prelude) + SHARD.format(imports=imports)
-    result = run_python(code, env=environment(**variables))
+    result = run_python(code, env=environment(**variables), prepared=prepared)
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     return report, result
@@ -624,7 +627,7 @@ def shard(
 def unpatched(real_torch: dict[str, str]) -> dict[str, Any]:
     """What sharding the ABC-headed model does here with the package off: the layout error,
     or (where this torch and Python have no bug) a sharded model."""
-    report, _ = shard(FSDP_AUTOPATCH=OFF)
+    report, _ = shard(FSDP_AUTOPATCH=OFF, prepared=True)
     assert not report["status"]["applied"]
     if layout_bug_here():
         assert not report["result"]["sharded"] and LAYOUT_ERROR in report["result"]["error"]
@@ -636,7 +639,7 @@ def unpatched(real_torch: dict[str, str]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def patched(real_torch: dict[str, str]) -> dict[str, Any]:
     """No fault injected: patched where the bug is (standing aside where not), and the model trains."""
-    report, _ = shard()
+    report, _ = shard(prepared=True)
     assert report["status"]["applied"] is layout_bug_here() and report["result"]["sharded"]
     assert len(report["result"]["losses"]) == 1
     return report

@@ -51,7 +51,7 @@ def status_of(lines: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def unpatched(real_torch: dict[str, str]) -> dict[str, dict[str, Any]]:
     """The proof run with the patch disabled: what torch does on its own."""
-    lines = run_scenario(env=DISABLED)
+    lines = run_scenario(env=DISABLED, prepared=True)
     assert status_of(lines)["applied"] is False
     return by_model(lines)
 
@@ -87,7 +87,8 @@ def assert_trains_like_unsharded(result: dict[str, Any]) -> None:
 def test_affected_heads_shard_and_train_like_the_unsharded_model(
     order: str, unpatched: dict[str, dict[str, Any]]
 ) -> None:
-    lines = run_scenario("--order", order)
+    # fsdp-first is the order the prepared interpreter imports them in (tests/prepared.py).
+    lines = run_scenario("--order", order, prepared=order == "fsdp-first")
     assert_patched_where_needed(status_of(lines))
     results = by_model(lines)
     for kind in AFFECTED:
@@ -98,7 +99,7 @@ def test_affected_heads_shard_and_train_like_the_unsharded_model(
 
 
 def test_causal_lm_gets_torchs_exact_class(unpatched: dict[str, dict[str, Any]]) -> None:
-    patched = by_model(run_scenario("causal-lm"))["causal-lm"]
+    patched = by_model(run_scenario("causal-lm", prepared=True))["causal-lm"]
     assert_trains_like_unsharded(patched)
     assert patched["upstream_bases"] is True
     assert patched["wrapper"] == unpatched["causal-lm"]["wrapper"]
@@ -221,7 +222,7 @@ def test_users_own_abc_generic_and_collections_abc_modules(real_torch: dict[str,
     collections.abc heads wherever the probe finds the bug. Where it does not, auto mode stands
     aside for the transformers heads, so ``force`` is what covers a user's own Generic module.
     """
-    unpatched = run_python(USER_MODULES, env=DISABLED)
+    unpatched = run_python(USER_MODULES, env=DISABLED, prepared=True)
     assert unpatched.returncode == 0, unpatched.stderr[-4000:]
     (torch_alone,) = json_lines(unpatched.stdout)
     refused = {"AbcHead": layout_bug_here(), "SizedHead": layout_bug_here(), "GenericHead": True,
@@ -232,7 +233,7 @@ def test_users_own_abc_generic_and_collections_abc_modules(real_torch: dict[str,
     assert (LAYOUT_ERROR in torch_alone["slice"]) is layout_bug_here()
 
     patched = run_python(USER_MODULES, env=environment(
-        FSDP_AUTOPATCH=None if layout_bug_here() else "force"))
+        FSDP_AUTOPATCH=None if layout_bug_here() else "force"), prepared=True)
     assert patched.returncode == 0, patched.stderr[-4000:]
     (report,) = json_lines(patched.stdout)
     for name, bug in refused.items():
@@ -304,7 +305,7 @@ def test_a_finder_that_asks_every_finder_leaves_the_fix_working(position: str) -
 
 
 def test_status_reports_versions_and_site(real_torch: dict[str, str]) -> None:
-    report = shard_abc_head()
+    report = shard_abc_head(prepared=True)
     status = report["after"]
     assert report["error"] is None
     assert status["torch"] == real_torch["torch"] or status["torch"].startswith(real_torch["torch"])
@@ -314,7 +315,7 @@ def test_status_reports_versions_and_site(real_torch: dict[str, str]) -> None:
     sites = [FULLY_SHARD_SITE, f"{DDP_MODULE}.replicate"]
     assert status["sites"] == (sites if layout_bug_here() else [])
     assert json.loads(json.dumps(status)) == status
-    error = shard_abc_head(FSDP_AUTOPATCH="0")["error"]
+    error = shard_abc_head(FSDP_AUTOPATCH="0", prepared=True)["error"]
     assert (error is not None and LAYOUT_ERROR in error) is layout_bug_here()
 
 
@@ -412,7 +413,8 @@ def test_construction_hooks_run_once_per_class_as_without_the_patch(wrapper: str
     ``<Prefix><Name>``: a registry that refuses it leaves torch's error, and the status says why."""
     runs = {}
     for mode in (None, "0"):
-        result = run_python(with_wrapper(CONSTRUCTION_HOOKS, wrapper), env=environment(FSDP_AUTOPATCH=mode))
+        result = run_python(with_wrapper(CONSTRUCTION_HOOKS, wrapper), env=environment(FSDP_AUTOPATCH=mode),
+                            prepared=True)
         assert result.returncode == 0, result.stderr[-4000:]
         (runs[mode],) = json_lines(result.stdout)
     patched, unpatched = runs[None], runs["0"]
@@ -571,7 +573,7 @@ def test_monkeypatches_of_the_wrapper_reach_abc_modules_as_they_reach_others(wra
     DDP's ``DDP``): ABC modules (wrapped before or after) call the replacement as plain modules
     do, go back with it, and lose it with it."""
     script = with_wrapper(MONKEYPATCHED, wrapper)
-    result = run_python(script)
+    result = run_python(script, prepared=True)
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     prefix = PREFIXES[wrapper][0]
@@ -582,7 +584,7 @@ def test_monkeypatches_of_the_wrapper_reach_abc_modules_as_they_reach_others(wra
         "deleted": ["no method"] * 3,
         "hasattr": [False] * 3,
     }, report
-    unpatched = run_python(script, env=DISABLED)
+    unpatched = run_python(script, env=DISABLED, prepared=True)
     assert unpatched.returncode == 0, unpatched.stderr[-4000:]
     (alone,) = json_lines(unpatched.stdout)
     assert alone["replaced"][0] == f"traced {prefix}Plain"
@@ -742,7 +744,7 @@ def test_classes_with_creation_side_effects_match_torch_alone(
     runs = {}
     for label, env in {"patched": {}, "disabled": {"FSDP_AUTOPATCH": "0"}, "fixed": fixed,
                        "fixed-forced": dict(fixed, FSDP_AUTOPATCH="force")}.items():
-        result = run_python(with_wrapper(SIDE_EFFECTS, wrapper), env=environment(**env))
+        result = run_python(with_wrapper(SIDE_EFFECTS, wrapper), env=environment(**env), prepared=True)
         assert result.returncode == 0, result.stderr[-4000:]
         (runs[label],) = json_lines(result.stdout)
     bug = layout_bug_here()
@@ -810,7 +812,7 @@ def test_a_class_whose_construction_shards_another_module(wrapper: str) -> None:
     an ``Inner`` from ``__init_subclass__``, patched as without the patch."""
     for mode in (None, "0"):
         result = run_python(with_wrapper(SHARDS_WHILE_BUILT, wrapper), env=environment(FSDP_AUTOPATCH=mode),
-                            timeout=120)
+                            timeout=120, prepared=True)
         assert result.returncode == 0, result.stderr[-4000:]
         assert json_lines(result.stdout) == [{"outer": f"{PREFIXES[wrapper][0]}Outer"}]
 
@@ -874,7 +876,7 @@ def test_readers_of_torchs_class_caches_see_torchs_dict() -> None:
     class where CPython refuses torch's, the plain class's own."""
     runs = {}
     for mode in (None, "0"):
-        result = run_python(CACHE_READERS, env=environment(FSDP_AUTOPATCH=mode))
+        result = run_python(CACHE_READERS, env=environment(FSDP_AUTOPATCH=mode), prepared=True)
         assert result.returncode == 0, result.stderr[-4000:]
         (runs[mode],) = json_lines(result.stdout)
     patched, unpatched = runs[None], runs["0"]

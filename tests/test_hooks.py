@@ -57,14 +57,14 @@ def test_apply_patches_modules_imported_before_it(installed: Path) -> None:
 
 def test_patch_is_installed_once(installed: Path) -> None:
     # Where there is no bug, auto mode stands aside and force then installs it: once either way.
-    report = shard_abc_head(calls="fsdp_autopatch.apply(); fsdp_autopatch.apply(force=True)")
+    report = shard_abc_head(calls="fsdp_autopatch.apply(); fsdp_autopatch.apply(force=True)", prepared=True)
     assert report["before"]["applied"] is True
     # One stand-in for type, found by the code of the builder torch 2.11+ share only (the
     # module's own type stays the builtin), serving FSDPModule once; torch's cache is its own dict.
     assert report["stand_in"] == ["TypeStandIn", 1] and report["module_binds_type"] is False
     assert report["cache_type"] == "dict" and report["cache_kept"] is True
     assert report["error"] is None
-    assert_unpatched_torch(shard_abc_head(FSDP_AUTOPATCH="0"))
+    assert_unpatched_torch(shard_abc_head(FSDP_AUTOPATCH="0", prepared=True))
 
 
 def test_force_mode_patches_whatever_the_versions(installed: Path) -> None:
@@ -150,7 +150,7 @@ def test_probe_answers_what_fully_shard_does(real_torch: dict[str, str]) -> None
     """The real probe on real torch says "bug" exactly where fully_shard, unpatched, fails on an
     ABC module; through torch's helper or an inline construction alike; and it leaves torch's
     cache alone."""
-    result = run_python(PROBE_AND_SHARD, env=environment(FSDP_AUTOPATCH="0"))
+    result = run_python(PROBE_AND_SHARD, env=environment(FSDP_AUTOPATCH="0"), prepared=True)
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     bug = report["error"] is not None and LAYOUT_ERROR in report["error"]

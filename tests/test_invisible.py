@@ -24,7 +24,8 @@ UNPATCHED, PATCHED = "layout", "wrapped"
 
 
 def run(part: str, *args: str, **env: str) -> dict[str, Any]:
-    (report,) = json_lines(run_program(PROGRAM, part, *args, env=environment(**env)).stdout)
+    # invisible.py begins as tests/prepared.py does: FSDP2, then transformers.
+    (report,) = json_lines(run_program(PROGRAM, part, *args, env=environment(**env), prepared=True).stdout)
     return report
 
 

@@ -51,6 +51,9 @@ worker.join()
 """,
 }
 ORDERS = list(IMPORTS)
+# The orders that begin as tests/prepared.py does (FSDP2, then transformers): their cases run in
+# a child of the prepared interpreter; the others in a fresh one.
+PREPARED_ORDERS = ("replicate-last", "replicate-in-thread")
 
 # One rank: replicate every decoder layer and the root, train next to an unsharded copy, and
 # print one JSON line per model after the patch's status line.
@@ -104,7 +107,7 @@ dist.destroy_process_group()
 def replicate_and_train(order: str, **env: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The patch's status and, per model, what replicate() and a train step did."""
     code = f"import sys; sys.argv[1:] = {[ABC_HEAD, PLAIN]!r}\n{IMPORTS[order]}{REPLICATE_AND_TRAIN}"
-    result = run_python(code, env=environment(**env))
+    result = run_python(code, env=environment(**env), prepared=order in PREPARED_ORDERS)
     assert result.returncode == 0, result.stderr[-4000:]
     lines = json_lines(result.stdout)
     (status,) = [line["status"] for line in lines if "status" in line]
@@ -217,7 +220,7 @@ print(json.dumps(report))
 def test_monkeypatches_of_replicatemodule_reach_abc_modules_as_they_reach_others(
     replicate_builds_classes: None,
 ) -> None:
-    result = run_python(MONKEYPATCHED)
+    result = run_python(MONKEYPATCHED, prepared=True)
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     assert report == {
@@ -227,7 +230,7 @@ def test_monkeypatches_of_replicatemodule_reach_abc_modules_as_they_reach_others
         "removed": ["fsdp's ReplicatePlain", "fsdp's ReplicateHead"],
         "restored": ["torch's reshard"] * 2,
     }, report
-    alone = run_python(MONKEYPATCHED, env=environment(FSDP_AUTOPATCH="0"))
+    alone = run_python(MONKEYPATCHED, env=environment(FSDP_AUTOPATCH="0"), prepared=True)
     assert alone.returncode == 0, alone.stderr[-4000:]
     (report,) = json_lines(alone.stdout)
     assert report["added"] == ["replicate's ReplicatePlain",
