@@ -6,6 +6,7 @@
     nox -f tests/noxfile.py -s fast       # the tests that need no torch, on Python 3.9 - 3.13
     nox -f tests/noxfile.py -s wrapt_floor  # the hooks on the oldest wrapt pyproject.toml allows
     nox -f tests/noxfile.py -s stacks     # accelerate, TRL, PEFT, verl, DCP, compile (tests/stacks/)
+    nox -f tests/noxfile.py -s module -- tests/test_hooks.py   # one module's tests, in a kept venv
 
 The package is always installed from a freshly built wheel, never from the checkout, so the
 tests see what users install: the .pth at the root of site-packages included. Arguments after
@@ -57,11 +58,37 @@ def install_wheel(session: nox.Session, *packages: str) -> None:
 @nox.session(python="3.11", venv_backend="venv")
 def tests(session: nox.Session) -> None:
     """All tests but the stress loops: real torch, transformers and gloo in subprocesses."""
-    # build: the packaging tests build the sdist and the wheel as a release would.
-    install_wheel(session, *TORCH_STACK, *MEGATRON, "pytest", "pytest-xdist", "build")
+    install_wheel(session, *TESTS_REQUIREMENTS)
     # Two workers: the tests are subprocess-bound, and each starts its own interpreters, venvs
     # and gloo groups on free ports, so none waits on another.
     session.run("pytest", "-n", "2", *REPORTING, "-m", "not stress", *session.posargs, env=REQUIRE)
+
+
+# What the tests session installs beside the package (build: the packaging tests build the sdist
+# and the wheel as a release would).
+TESTS_REQUIREMENTS = (*TORCH_STACK, *MEGATRON, "pytest", "pytest-xdist", "build")
+
+
+@nox.session(python="3.11", venv_backend="venv", reuse_venv=True)
+def module(session: nox.Session) -> None:
+    """A contributor's loop: the tests named after ``--`` (``-- tests/test_hooks.py``), in the
+    tests session's environment, made on the first run and kept (``tests/.nox/module``). Each
+    run rebuilds and reinstalls only the package's wheel; the pinned requirements are installed
+    again only when they change."""
+    if not session.posargs:
+        session.error("name the tests to run after --, e.g. -- tests/test_hooks.py")
+    python = str(Path(session.bin) / "python")
+    wheel = build_wheel(Path(session.create_tmp()) / "dist", python=python)
+    # The package's own dependencies are declared in pyproject.toml: a change there reinstalls too.
+    stamp = Path(session.virtualenv.location) / "fsdp-autopatch-requirements.txt"
+    wanted = "\n".join((*TESTS_REQUIREMENTS, (ROOT / "pyproject.toml").read_text(encoding="utf-8")))
+    if not stamp.is_file() or stamp.read_text(encoding="utf-8") != wanted:
+        session.install(str(wheel), *TESTS_REQUIREMENTS)
+        stamp.write_text(wanted, encoding="utf-8")
+    session.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+                "--force-reinstall", str(wheel))
+    session.chdir(ROOT)
+    session.run("pytest", "-n", "2", *REPORTING, *session.posargs, env=REQUIRE)
 
 
 @nox.session(python="3.11", venv_backend="venv")
