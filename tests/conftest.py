@@ -28,17 +28,41 @@ from typing import Any, Optional
 
 import pytest
 from harness import make_venv, scrubbed_environment
+from rank_step import AFFECTED
 
 from fsdp_autopatch import TORCH_MODULES
 from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines
 
 __all__ = [
-    "LAYOUT_ERROR", "PLUGIN_MODULE", "REPOSITORY_ONLY", "ROOT", "SCENARIO", "Throwaway", "alive",
-    "command_line", "ctrl_c_as_at_a_terminal", "environment", "fake_torch", "fake_transformers",
-    "json_lines", "layout_bug_here", "lent_site_packages", "make_throwaway", "marked_run", "needs_proc",
-    "own_lines", "processes_marked", "repository_file", "run_program", "run_python", "run_scenario",
+    "AFFECTED",
+    "LAYOUT_ERROR",
+    "PLUGIN_MODULE",
+    "REPOSITORY_ONLY",
+    "ROOT",
+    "SCENARIO",
+    "Throwaway",
+    "alive",
+    "assert_trains_like_unsharded",
+    "command_line",
+    "ctrl_c_as_at_a_terminal",
+    "environment",
+    "fake_torch",
+    "fake_transformers",
+    "json_lines",
+    "layout_bug_here",
+    "lent_site_packages",
+    "make_throwaway",
+    "marked_run",
+    "needs_proc",
+    "own_lines",
+    "processes_marked",
+    "repository_file",
+    "run_program",
+    "run_python",
+    "run_scenario",
     "shard_abc_head",
-    "site_packages", "write_module",
+    "site_packages",
+    "write_module",
 ]
 
 # "still running <test> (N s)" lines while a long test runs (tests/progress.py); the stress
@@ -301,6 +325,16 @@ def shard_abc_head(
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
     return report
+
+
+def assert_trains_like_unsharded(result: dict[str, Any]) -> None:
+    """A run of fsdp_autopatch._verify.shard_and_train that sharded (FSDP2) and trained as the
+    unsharded copy did."""
+    assert result["sharded"], result.get("error")
+    assert result["is_fsdp_module"] and result["original_at_mro_2"]
+    assert result["layer_wrapper"] == "FSDPQwen2DecoderLayer"
+    assert len(result["losses"]) == 2
+    assert result["max_loss_difference"] < 1e-5, (result["losses"], result["reference_losses"])
 
 
 # A finder that asks every other finder on sys.meta_path, as some import tools and test

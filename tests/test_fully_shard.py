@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 from conftest import (
+    AFFECTED,
     LAYOUT_ERROR,
-    SCENARIO,
+    assert_trains_like_unsharded,
     delegating_finder,
     environment,
     json_lines,
@@ -27,13 +28,11 @@ from conftest import (
     run_scenario,
     shard_abc_head,
 )
-from harness import torchrun
 
 from fsdp_autopatch import DDP_MODULE
 
 pytestmark = pytest.mark.slow
 
-AFFECTED = ("token-classification", "sequence-classification", "question-answering")
 DISABLED = environment(FSDP_AUTOPATCH="0")
 # fully_shard's site on torch 2.6+, named by the function users call.
 FULLY_SHARD_SITE = "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard"
@@ -75,14 +74,6 @@ def assert_patched_where_needed(status: dict[str, Any]) -> None:
         assert "accepts" in status["reason"] and "nothing to patch" in status["reason"], status
 
 
-def assert_trains_like_unsharded(result: dict[str, Any]) -> None:
-    assert result["sharded"], result.get("error")
-    assert result["is_fsdp_module"] and result["original_at_mro_2"]
-    assert result["layer_wrapper"] == "FSDPQwen2DecoderLayer"
-    assert len(result["losses"]) == 2
-    assert result["max_loss_difference"] < 1e-5, (result["losses"], result["reference_losses"])
-
-
 @pytest.mark.parametrize("order", ["fsdp-first", "transformers-first", "threads"])
 def test_affected_heads_shard_and_train_like_the_unsharded_model(
     order: str, unpatched: dict[str, dict[str, Any]]
@@ -104,19 +95,6 @@ def test_causal_lm_gets_torchs_exact_class(unpatched: dict[str, dict[str, Any]])
     assert patched["upstream_bases"] is True
     assert patched["wrapper"] == unpatched["causal-lm"]["wrapper"]
     assert_bug_without_patch(unpatched)
-
-
-def scenario_on_ranks(tmp_path: Path, env: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """The proof of the affected heads on two ranks under torchrun, by model."""
-    return by_model(json_lines(torchrun(SCENARIO, *AFFECTED, env=env, cwd=tmp_path, timeout=600).stdout))
-
-
-def test_two_ranks_under_torchrun(tmp_path: Path, real_torch: dict[str, str]) -> None:
-    patched = scenario_on_ranks(tmp_path, environment())
-    for kind in AFFECTED:
-        assert_trains_like_unsharded(patched[kind])
-        assert patched[kind]["upstream_bases"] is not layout_bug_here()
-    assert_bug_without_patch(scenario_on_ranks(tmp_path, DISABLED))
 
 
 USER_MODULES = """
