@@ -280,49 +280,18 @@ def close_prepared_interpreters() -> None:
         _prepared.popitem()[1].close()
 
 
-SHARD_ABC_HEAD = """
-    import abc, json, sys
-    import torch.distributed.fsdp, transformers
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.fsdp._fully_shard import _fully_shard
-    import fsdp_autopatch
-    from fsdp_autopatch import _patch, _verify
-
-    before = fsdp_autopatch.status().to_dict()
-    cache = _fully_shard.cls_to_fsdp_cls
-    {calls}
-
-    class Head(abc.ABC, nn.Linear):
-        pass
-
-    mesh = _verify.init_process_group()
-    try:
-        fully_shard(Head(4, 4), mesh=mesh)
-        error = None
-    except TypeError as caught:
-        error = str(caught)
-    helper_module = vars(sys.modules["torch.distributed.fsdp._fully_shard._fsdp_init"])
-    builder = helper_module.get(_patch.PRIVATE_TYPE)
-    print(json.dumps({{"before": before, "after": fsdp_autopatch.status().to_dict(), "error": error,
-                      "transformers": transformers.__version__,
-                      "cache_kept": _fully_shard.cls_to_fsdp_cls is cache,
-                      "cache_type": type(cache).__name__,
-                      "module_binds_type": "type" in helper_module,
-                      "stand_in": [type(builder).__name__, len(getattr(builder, "constructions", ()))]}}))
-"""
+SHARD_ABC_HEAD = ROOT / "tests" / "shard_abc_head.py"
 
 
 def shard_abc_head(
-    *flags: str, calls: str = "pass", prelude: str = "", prepared: bool = False, **env: Optional[str]
+    *flags: str, calls: Optional[str] = None, finder: Optional[str] = None, prepared: bool = False,
+    **env: Optional[str],
 ) -> dict[str, Any]:
-    """Shard ``class Head(abc.ABC, nn.Linear)`` in a fresh interpreter (or, ``prepared``, a
-    prepared one's child) after running ``prelude``, importing torch's FSDP2 and transformers and
-    running ``calls``; the status before and after, and the error."""
-    assert not (prepared and prelude), "a prelude runs before the imports: it needs a fresh interpreter"
-    code = textwrap.dedent(prelude) + textwrap.dedent(SHARD_ABC_HEAD.format(calls=calls))
-    result = run_python(code, *flags, env=environment(**env), prepared=prepared)
-    assert result.returncode == 0, result.stderr[-4000:]
+    """tests/shard_abc_head.py (``--calls``, ``--finder``) in a fresh interpreter with ``flags``,
+    or, ``prepared``, in a prepared one's child: the status before and after, and the error."""
+    assert not (prepared and finder), "the finder goes in before the imports: it needs a fresh interpreter"
+    args = [*(("--calls", calls) if calls else ()), *(("--finder", finder) if finder else ())]
+    result = run_program(SHARD_ABC_HEAD, *args, flags=flags, env=environment(**env), prepared=prepared)
     (report,) = json_lines(result.stdout)
     return report
 
@@ -337,29 +306,11 @@ def assert_trains_like_unsharded(result: dict[str, Any]) -> None:
     assert result["max_loss_difference"] < 1e-5, (result["losses"], result["reference_losses"])
 
 
-# A finder that asks every other finder on sys.meta_path, as some import tools and test
-# frameworks do: the watcher, asked by it in turn, must not ask it back.
-DELEGATING_FINDER = """
-import sys
-
-
-class Delegating:
-    def find_spec(self, name, path=None, target=None):
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    return spec
-
-
-watcher = [i for i, f in enumerate(sys.meta_path) if type(f).__name__ == "FirstImportWatcher"]
-sys.meta_path.insert(watcher[0] + {offset} if watcher else 0, Delegating())
-"""
-
-
 def delegating_finder(position: str) -> str:
-    """Code that puts the delegating finder "ahead" of the start-up watcher or "behind" it."""
-    return DELEGATING_FINDER.replace("{offset}", "0" if position == "ahead" else "1")
+    """Code that puts tests/delegating_finder.py's finder "ahead" of the start-up watcher or
+    "behind" it, before anything else is imported."""
+    return (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+            f"import delegating_finder; delegating_finder.install({position!r})\n")
 
 
 # --- throwaway environments --------------------------------------------------------------------

@@ -20,7 +20,6 @@ from conftest import (
     AFFECTED,
     LAYOUT_ERROR,
     assert_trains_like_unsharded,
-    delegating_finder,
     environment,
     json_lines,
     layout_bug_here,
@@ -273,12 +272,11 @@ def test_newer_transformers_is_left_alone_unless_forced(
 def test_a_finder_that_asks_every_finder_leaves_the_fix_working(position: str) -> None:
     """Real torch and transformers imported through a finder that asks every finder, the start-up
     watcher included: no recursion, and the fix is there (force mode too) or gone (switched off)."""
-    prelude = delegating_finder(position)
     for mode in (None, "force"):
-        report = shard_abc_head(prelude=prelude, FSDP_AUTOPATCH=mode)
+        report = shard_abc_head(finder=position, FSDP_AUTOPATCH=mode)
         assert report["error"] is None
         assert report["after"]["applied"] is (layout_bug_here() or mode == "force")
-    error = shard_abc_head(prelude=prelude, FSDP_AUTOPATCH="0")["error"]
+    error = shard_abc_head(finder=position, FSDP_AUTOPATCH="0")["error"]
     assert (error is not None and LAYOUT_ERROR in error) is layout_bug_here()
 
 

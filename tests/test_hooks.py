@@ -50,14 +50,14 @@ def test_apply_patches_modules_imported_before_it(installed: Path) -> None:
     assert "not armed" in without["before"]["reason"]
     assert_unpatched_torch(without)
 
-    report = shard_abc_head("-S", calls="fsdp_autopatch.apply()", **nothing_arms)
+    report = shard_abc_head("-S", calls="apply", **nothing_arms)
     assert report["after"]["applied"] is layout_bug_here() and report["error"] is None
     assert report["after"]["decided_by"] == "probe"
 
 
 def test_patch_is_installed_once(installed: Path) -> None:
     # Where there is no bug, auto mode stands aside and force then installs it: once either way.
-    report = shard_abc_head(calls="fsdp_autopatch.apply(); fsdp_autopatch.apply(force=True)", prepared=True)
+    report = shard_abc_head(calls="apply-then-force", prepared=True)
     assert report["before"]["applied"] is True
     # One stand-in for type, found by the code of the builder torch 2.11+ share only (the
     # module's own type stays the builtin), serving FSDPModule once; torch's cache is its own dict.
