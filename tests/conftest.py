@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from harness import make_venv, scrubbed_environment
-from rank_step import AFFECTED
+from harness import AFFECTED, make_venv, scrubbed_environment
 
 from fsdp_autopatch import TORCH_MODULES
 from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines

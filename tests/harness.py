@@ -36,6 +36,9 @@ README = ROOT / "README.md"
 # The record the README links to; each generated section lives in one of these pages.
 DOCS = ROOT / "docs"
 BUILD_TIMEOUT = 600
+# The transformers heads that inherit abc.ABC in the affected releases: every model of
+# fsdp_autopatch._verify but its control, the causal LM.
+AFFECTED = ("token-classification", "sequence-classification", "question-answering")
 
 # The torch and transformers every test session installs (tests/noxfile.py) and the benchmarks
 # measure: a transformers whose heads inherit abc.ABC, so the patch is at work in their

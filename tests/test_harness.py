@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import REPOSITORY_ONLY, repository_file
 from harness import (
+    AFFECTED,
     ROOT,
     STACKS_PINS,
     make_venv,
@@ -164,3 +165,9 @@ def test_pinned_versions_are_spelled_only_in_the_harness() -> None:
                for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                if requirement.search(line)]
     assert spelled == [], f"pinned versions spelled outside tests/harness.py: {spelled}"
+
+
+def test_the_affected_heads_are_verifys_models_but_its_control() -> None:
+    from fsdp_autopatch import _verify
+
+    assert AFFECTED == tuple(kind for kind in _verify.MODELS if kind != _verify.CONTROL)
