@@ -149,24 +149,24 @@ def run_python(
 
 def run_program(
     program: Path, *args: str, flags: tuple[str, ...] = (), env: Optional[dict[str, str]] = None,
-    timeout: float = 600, prepared: bool = False,
+    timeout: float = 600, prepared: bool = False, check: bool = True, python: str = sys.executable,
 ) -> subprocess.CompletedProcess[str]:
     """Run a program file of tests/ (``python *flags program *args``) in a fresh interpreter of
-    this environment, away from the checkout, or, ``prepared``, in a child of the prepared
-    interpreter for ``env``; fail with its stderr if it fails."""
+    this environment (or ``python``), away from the checkout, or, ``prepared``, in a child of the
+    prepared interpreter for ``env``; fail with its stderr if it fails (unless not ``check``)."""
     env = environment() if env is None else env
     cwd = site_packages().parent
     if prepared:
-        assert not flags, "a prepared interpreter takes no flags"
+        assert not flags and python == sys.executable, "a prepared interpreter takes no flags"
         result = prepared_interpreter(env).run(
             {"program": str(program), "args": list(args)}, env, cwd, timeout)
     else:
         result = subprocess.run(
-            [sys.executable, *flags, str(program), *args], capture_output=True, text=True,
+            [python, *flags, str(program), *args], capture_output=True, text=True,
             env=env, timeout=timeout, check=False, cwd=cwd,
         )
-    assert result.returncode == 0, (f"{program.name} {args} exited {result.returncode}:\n"
-                                    f"{result.stderr[-4000:]}")
+    assert not check or result.returncode == 0, (f"{program.name} {args} exited {result.returncode}:\n"
+                                                      f"{result.stderr[-4000:]}")
     return result
 
 
@@ -327,6 +327,13 @@ class Throwaway:
         self, code: str = "pass", *flags: str, **variables: Optional[str]
     ) -> subprocess.CompletedProcess[str]:
         return run_python(code, *flags, env=environment(**variables), python=str(self.python))
+
+    def run_program(
+        self, program: Path, *args: str, **variables: Optional[str]
+    ) -> subprocess.CompletedProcess[str]:
+        """A program file of tests/ in a fresh interpreter of this venv (its exit not checked)."""
+        return run_program(program, *args, env=environment(**variables), python=str(self.python),
+                           check=False)
 
 
 def make_throwaway(

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from conftest import SCENARIO, environment, json_lines, layout_bug_here, run_python, write_module
+from conftest import environment, json_lines, layout_bug_here, run_program, write_module
 
 pytestmark = pytest.mark.slow
 
 TRIALS = 50
+HERE = Path(__file__).parent
 # Two interpreters at a time keep both cores busy; more would only queue.
 PARALLEL = 2
 # Generous: a trial that has not finished by then is hung, not slow.
@@ -25,22 +26,6 @@ TRIAL_TIMEOUT = 300
 INSTALLED_LINE = "fsdp-autopatch INFO: patched "  # one per site: fully_shard's, composable DDP's
 NOT_PATCHING_LINE = "not patching"
 
-THREADED_IMPORTS = """
-import json, sys
-sys.path.insert(0, {tests!r})
-from scenario import import_in_threads
-
-import_in_threads(seed={seed})  # exits non-zero if an import fails or a thread hangs
-
-import fsdp_autopatch
-import torch.distributed.fsdp._fully_shard._fully_shard as site
-
-print(json.dumps({{
-    "status": fsdp_autopatch.status().to_dict(),
-    "cache": type(site.cls_to_fsdp_cls).__name__,
-    "hooks_loaded": "fsdp_autopatch._hooks" in sys.modules,
-}}))
-"""
 # transformers 4.55.3, whose heads no longer inherit abc.ABC: the package loads, and must refuse.
 UNAFFECTED_TRANSFORMERS = '__version__ = "4.55.3"\n'
 
@@ -50,8 +35,8 @@ def import_trial(seed: int, **variables: Optional[str]) -> dict[str, Any]:
     # The package logs each install decision at info level: counting those lines counts installs.
     env = environment(FSDP_AUTOPATCH_LOG="info", **variables)
     try:
-        code = THREADED_IMPORTS.format(tests=str(SCENARIO.parent), seed=seed)
-        result = run_python(code, env=env, timeout=TRIAL_TIMEOUT)
+        result = run_program(HERE / "threaded_imports.py", str(seed), env=env, timeout=TRIAL_TIMEOUT,
+                             check=False)
     except subprocess.TimeoutExpired:
         return {"seed": seed, "problem": f"hung: no exit within {TRIAL_TIMEOUT} s (deadlock?)"}
     if result.returncode != 0:
@@ -117,96 +102,11 @@ def test_threaded_first_imports_refuse_once(tmp_path: Path, real_torch: dict[str
     assert failures == [], f"{len(failures)} of {trials} trials went wrong, e.g. {failures[:3]}"
 
 
-SHARD_IN_THREADS = """
-import abc, json, threading, types
-import torch
-import torch.distributed as dist
-import torch.distributed.fsdp, transformers
-from torch.distributed.fsdp import FSDPModule, fully_shard
-import torch.distributed.fsdp._fully_shard._fully_shard as site
-import fsdp_autopatch
-from fsdp_autopatch import _verify
-
-ROUNDS = {rounds}
-COPIES = 2  # models per class: threads race on one class as well as across classes
-mesh = _verify.init_process_group()
-
-
-def user_heads(round_):
-    # Fresh classes each round, so every round's first fully_shard misses the class cache.
-    def body(namespace):
-        def __init__(self):
-            torch.nn.Module.__init__(self)
-            self.linear = torch.nn.Linear(4, 4)
-
-        namespace["__init__"] = __init__
-        namespace["forward"] = lambda self, x: self.linear(x)
-
-    return [types.new_class(f"Head{{round_}}x{{k}}", (abc.ABC, torch.nn.Module), exec_body=body)
-            for k in range(2)]
-
-
-def shard_together(models):
-    barrier = threading.Barrier(len(models))
-    outcomes = [None] * len(models)
-
-    def worker(index):
-        barrier.wait()
-        try:
-            fully_shard(models[index], mesh=mesh)
-            outcomes[index] = ""
-        except Exception as error:
-            outcomes[index] = f"{{type(error).__name__}}: {{error}}"
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(models))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes
-
-
-rounds = []
-for round_ in range(ROUNDS):
-    if round_ == 0:
-        # The transformers heads that inherit abc.ABC: two different classes.
-        kinds = ["token-classification", "sequence-classification"]
-        models = [_verify.build_model(kind) for kind in kinds for _ in range(COPIES)]
-    else:
-        models = [cls() for cls in user_heads(round_) for _ in range(COPIES)]
-    originals = [type(model) for model in models]
-    outcomes = shard_together(models)
-    by_original = {{}}
-    for original, model in zip(originals, models):
-        by_original.setdefault(original, set()).add(type(model))
-    sharded = all(outcome == "" for outcome in outcomes)
-    trained = False
-    if sharded and round_ == 0:
-        for kind, model in zip(kinds, models[::COPIES]):
-            model(**_verify.make_batch(kind, 0)).loss.backward()
-        trained = True
-    rounds.append({{
-        "errors": [outcome for outcome in outcomes if outcome],
-        "originals": len(by_original),
-        "wrappers_per_original": sorted(len(wrappers) for wrappers in by_original.values()),
-        "distinct_wrappers": len(set().union(*by_original.values())),
-        "cached": sharded and all(
-            site.cls_to_fsdp_cls.get(original) is next(iter(wrappers))
-            for original, wrappers in by_original.items()),
-        "fsdp_modules": sharded and all(
-            isinstance(model, FSDPModule) and type(model).__mro__[2] is original
-            for original, model in zip(originals, models)),
-        "trained": trained,
-    }})
-dist.destroy_process_group()
-print(json.dumps({{"status": fsdp_autopatch.status().to_dict(), "rounds": rounds}}))
-"""
 
 
 def shard_in_threads(rounds: int, **variables: Optional[str]) -> dict[str, Any]:
-    result = run_python(SHARD_IN_THREADS.format(rounds=rounds), env=environment(**variables),
-                        timeout=TRIAL_TIMEOUT, prepared=True)
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = run_program(HERE / "shard_in_threads.py", str(rounds), env=environment(**variables),
+                         timeout=TRIAL_TIMEOUT, prepared=True)
     (report,) = json_lines(result.stdout)
     return report
 

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_python
+from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_program
 from harness import RANKS, torchrun
+from import_order import THREAD, spec
 
 from fsdp_autopatch import DDP_MODULE, _matrix
 from fsdp_autopatch._verify import DDP_SUFFIX
@@ -26,43 +27,25 @@ ABC_HEADS = ("token-classification", "sequence-classification", "question-answer
 PLAIN = "causal-lm"
 DDP_SITE = f"{DDP_MODULE}.replicate"
 
+# The imports of each order, before anything else runs (tests/import_order.py).
 IMPORTS = {
     # A DDP-only training script: composable DDP and transformers, never FSDP2.
-    "ddp-only": f"import {DDP_MODULE}\nimport transformers\n",
-    "transformers-first": f"import transformers\nimport {DDP_MODULE}\n",
+    "ddp-only": (DDP_MODULE, "transformers"),
+    "transformers-first": ("transformers", DDP_MODULE),
     # FSDP2 imports composable DDP itself (torch 2.6+).
-    "after-fsdp2": "import torch.distributed.fsdp, transformers\n",
-    "ddp-in-thread": f"""
-import importlib, threading
-import transformers
-worker = threading.Thread(target=importlib.import_module, args=({DDP_MODULE!r},))
-worker.start()
-worker.join()
-""",
+    "after-fsdp2": ("torch.distributed.fsdp", "transformers"),
+    "ddp-in-thread": ("transformers", THREAD + DDP_MODULE),
 }
-
-REPLICATE_AND_TRAIN = """
-import json, sys
-import fsdp_autopatch
-from fsdp_autopatch import _verify
-
-mesh = _verify.init_process_group()
-print(json.dumps({"status": fsdp_autopatch.status().to_dict(),
-                  "fsdp2_imported": "torch.distributed.fsdp" in sys.modules}), flush=True)
-for run in sys.argv[1:]:
-    print(json.dumps(_verify.shard_and_train(run, mesh)), flush=True)
-"""
-
+HERE = Path(__file__).parent
 
 def replicate_and_train(
     order: str, runs: tuple[str, ...], **env: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The status line (and whether FSDP2 was imported), and each run's result."""
-    code = f"import sys; sys.argv[1:] = {list(runs)!r}\n{IMPORTS[order]}{REPLICATE_AND_TRAIN}"
     # after-fsdp2 begins as tests/prepared.py does: its cases run in a child of the prepared
     # interpreter, the other orders in a fresh one.
-    result = run_python(code, env=environment(**env), prepared=order == "after-fsdp2")
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = run_program(HERE / "ddp_train.py", spec(*IMPORTS[order]), *runs, env=environment(**env),
+                         prepared=order == "after-fsdp2")
     lines = json_lines(result.stdout)
     (head,) = [line for line in lines if "status" in line]
     return head, {line["model"]: line for line in lines if "model" in line}
@@ -109,52 +92,15 @@ def test_replicate_trains_the_affected_heads_and_a_plain_model(order: str, ddp_i
         assert patched[run]["upstream_bases"] is False
 
 
-USERS_OWN = """
-import abc, json, sys, typing
-import torch
-from torch import nn
-import fsdp_autopatch
-from fsdp_autopatch import _verify
-{imports}
-composable_ddp = sys.modules[{module!r}]
-T = typing.TypeVar("T")
-
-class Head(abc.ABC, nn.Linear):
-    pass
-
-class GenericHead(typing.Generic[T], nn.Linear):
-    pass
-
-class Plain(nn.Linear):
-    pass
-
-mesh = _verify.init_process_group()
-report = {{}}
-for cls in (Head, GenericHead, Plain, Plain):
-    module = cls(4, 4)
-    try:
-        composable_ddp.replicate(module)
-        out = module(torch.ones(2, 4)).sum()
-        out.backward()
-        report.setdefault(cls.__name__, []).append([type(module).__name__, id(type(module))])
-    except TypeError as error:
-        report.setdefault(cls.__name__, []).append(str(error))
-report["status"] = fsdp_autopatch.status().to_dict()
-print(json.dumps(report))
-"""
-
-
 @pytest.mark.parametrize("order", ["ddp-only", "after-fsdp2"])
 def test_users_own_abc_and_generic_modules_under_force(order: str, ddp_in_rows: None) -> None:
     """``FSDP_AUTOPATCH=force`` for a user's ``class Head(abc.ABC, nn.Module)`` and a
     ``Generic[T]``-first module, with no transformers; a plain module gets a new torch class on
     each call, as torch builds it."""
-    code = USERS_OWN.format(imports=IMPORTS[order].replace("import transformers\n", "")
-                            .replace(", transformers", ""), module=DDP_MODULE)
+    imports = spec(*(name for name in IMPORTS[order] if name != "transformers"))
     reports = {}
     for mode in ("force", "0"):
-        result = run_python(code, env=environment(FSDP_AUTOPATCH=mode))
-        assert result.returncode == 0, result.stderr[-4000:]
+        result = run_program(HERE / "ddp_users_own.py", imports, env=environment(FSDP_AUTOPATCH=mode))
         (reports[mode],) = json_lines(result.stdout)
     forced, off = reports["force"], reports["0"]
     # Generic[T]-first is refused even by CPython 3.15; ABC-first where the layout bug is.
@@ -167,30 +113,16 @@ def test_users_own_abc_and_generic_modules_under_force(order: str, ddp_in_rows: 
         assert first == second == "DDPPlain" and first_id != second_id, "one new class per call"
 
 
-TWO_RANKS = """
-import json, os, sys
-{imports}
-import fsdp_autopatch
-from fsdp_autopatch import _verify
-
-mesh = _verify.init_process_group()
-for run in sys.argv[1:]:
-    result = _verify.shard_and_train(run, mesh)
-    result["rank"] = int(os.environ["RANK"])
-    print(json.dumps(result), flush=True)
-"""
-
-
 def test_two_ranks_under_torchrun(tmp_path: Path, ddp_in_rows: None) -> None:
     """Two gloo ranks replicate the ABC head and the plain model and train exactly like the
     unreplicated copy; without the patch the head fails on both ranks."""
-    script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANKS.format(imports=IMPORTS["ddp-only"]))
     runs = ["token-classification" + DDP_SUFFIX, PLAIN + DDP_SUFFIX]
     results = {}
     for mode in (None, "0"):
-        done = torchrun(script, *runs, env=environment(FSDP_AUTOPATCH=mode), cwd=tmp_path, timeout=600)
-        results[mode] = {(line["rank"], line["model"]): line for line in json_lines(done.stdout)}
+        done = torchrun(HERE / "ddp_train.py", spec(*IMPORTS["ddp-only"]), *runs,
+                        env=environment(FSDP_AUTOPATCH=mode), cwd=tmp_path, timeout=600)
+        results[mode] = {(line["rank"], line["model"]): line for line in json_lines(done.stdout)
+                         if "model" in line}
     for rank in range(RANKS):
         assert_trains_like_the_unreplicated_copy(results[None][(rank, runs[0])])
         assert_trains_like_the_unreplicated_copy(results[None][(rank, runs[1])])

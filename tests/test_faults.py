@@ -15,7 +15,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,6 +29,7 @@ from conftest import (
     layout_bug_here,
     make_throwaway,
     own_lines,
+    run_program,
     run_python,
     write_module,
 )
@@ -37,6 +37,8 @@ from harness import split_importtime
 
 WARNING_PREFIX = "fsdp-autopatch"
 OFF = "0"
+HERE = Path(__file__).parent
+TRY_IMPORTS = HERE / "try_imports.py"
 # PEP 829 (3.15+): every .pth import line runs first, then the .start entry points (ours among
 # them), each in file-name order; a matching .start file suppresses fsdp_autopatch.pth's line.
 START_FILES = sys.version_info >= (3, 15)
@@ -252,25 +254,6 @@ def test_read_only_site_packages(tmp_path: Path, installed: Path) -> None:
 # --- what runs at start-up: the .pth line is parsed in tests/test_startup.py ------------------
 
 
-AUDIT_MODULE = """
-import importlib.util, pkgutil, sys  # what site imports for .start files (3.15+): not ours
-
-events = []
-recording = True
-
-
-def _record(event, args):
-    if recording:
-        events.append([event, [a if isinstance(a, (str, int)) or a is None else repr(a) for a in args]])
-
-
-def stop():
-    global recording
-    recording = False
-
-
-sys.addaudithook(_record)
-"""
 
 
 Event = tuple[str, list[Any]]
@@ -282,7 +265,7 @@ def start_up_events(env: Throwaway, control: Optional[str] = None, **variables: 
     """Audit events from the first import line to the start-up file after ours, in a fresh
     interpreter of ``env``. ``control``, a stdlib entry point such as ``os:getpid``, is written
     where our start-up file sorts (``fsdp_autopatch.start`` on 3.15+, else a ``.pth`` import line)."""
-    (env.site / "_startup_audit.py").write_text(AUDIT_MODULE)
+    shutil.copy2(HERE / "startup_audit.py", env.site / "_startup_audit.py")
     (env.site / "00_startup_audit.pth").write_text("import _startup_audit\n")
     if START_FILES:  # after every import line, after fsdp_autopatch.start's entry point
         (env.site / "zz_startup_audit.start").write_text("_startup_audit:stop\n")
@@ -353,23 +336,6 @@ def test_start_up_touches_only_its_own_files(
 # --- import-time faults ------------------------------------------------------------------------
 
 
-TRY_IMPORTS = """
-import json, sys, traceback
-# Frames of the import machinery itself, which differ with any import hook in the chain (see below).
-HIDDEN = ("fsdp_autopatch", "wrapt", "<frozen importlib")
-outcomes = []
-for name in {names!r}:
-    for attempt in range(2):  # a failed import must fail again the same way when retried
-        try:
-            __import__(name)
-            outcomes.append([name, "ok"])
-        except BaseException as error:
-            outcomes.append([name, type(error).__name__, str(error),
-                             [f.name for f in traceback.extract_tb(error.__traceback__)
-                              if not any(part in f.filename for part in HIDDEN)]])
-loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
-print(json.dumps({{"outcomes": outcomes, "loaded": loaded}}))
-"""
 RAISING = {
     # the exception a broken install raises, and the message the user must see
     "ImportError": 'raise ImportError("libtorch_cpu.so: cannot open shared object file")\n',
@@ -398,8 +364,7 @@ def test_package_raising_on_import(
     fake_torch(env.site)
     fake_transformers(env.site)
     write_module(env.site, raising, ('__version__ = "2.13.0"\n' if raising == "torch" else "") + error)
-    code = TRY_IMPORTS.format(names=order)
-    runs = {mode: env.run(code, FSDP_AUTOPATCH=mode) for mode in (None, OFF)}
+    runs = {mode: env.run_program(TRY_IMPORTS, *order, FSDP_AUTOPATCH=mode) for mode in (None, OFF)}
     for run in runs.values():
         assert (run.returncode, run.stderr) == (0, "")
     with_package, without = (json_lines(r.stdout) for r in runs.values())
@@ -411,7 +376,7 @@ def test_package_raising_on_import(
                 for mode in (None, OFF)}
     assert uncaught[None].returncode == uncaught[OFF].returncode == 1
     assert uncaught[None].stderr.splitlines()[-1] == uncaught[OFF].stderr.splitlines()[-1]
-    status = json_lines(env.run(f"{code}\n{STATUS}").stdout)[-1]
+    status = json_lines(env.run_program(TRY_IMPORTS, *order, "--status").stdout)[-1]
     # Where torch's FSDP2 package did import, the fake's holds no fully_shard: decided, not waiting.
     expected = "FSDP2 layout is unknown" if raising == "transformers" else "waiting for"
     assert not status["applied"] and expected in status["reason"], status
@@ -420,40 +385,6 @@ def test_package_raising_on_import(
 # --- hazards: fork, legacy loaders, no stderr ------------------------------------------------
 
 
-WATCHER = "watcher = next((f for f in sys.meta_path if type(f).__name__ == 'FirstImportWatcher'), None)"
-FORK_DURING_HAND_OVER = f"""
-import json, os, signal, sys, threading, warnings
-import fsdp_autopatch
-
-warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork() of a process with threads
-{WATCHER}
-register_hooks = fsdp_autopatch.register_hooks
-entered, release = threading.Event(), threading.Event()
-
-
-def slow_register_hooks():
-    # wrapt's 60-80 ms import, stretched: the hand-over holds the watcher's lock meanwhile.
-    entered.set()
-    release.wait()
-    register_hooks()
-
-
-fsdp_autopatch.register_hooks = slow_register_hooks
-thread = threading.Thread(target=watcher.hand_over, daemon=True)
-thread.start()
-entered.wait()
-pid = os.fork()
-if pid == 0:
-    fsdp_autopatch.register_hooks = register_hooks
-    signal.alarm(30)  # a child waiting on the parent's lock dies of SIGALRM
-    import torch.distributed.fsdp
-    armed = "wrapt" in sys.modules and "fsdp_autopatch._hooks" in sys.modules
-    os._exit(0 if armed and watcher not in sys.meta_path else 3)
-_, code = os.waitpid(pid, 0)
-release.set()
-thread.join()
-print(json.dumps({{"child": os.waitstatus_to_exitcode(code), "parent_armed": "wrapt" in sys.modules}}))
-"""
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX only")
@@ -462,79 +393,11 @@ def test_fork_while_another_thread_hands_over(tmp_path: Path, installed: Path) -
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site)
     fake_transformers(env.site)
-    result = env.run(FORK_DURING_HAND_OVER)
+    result = env.run_program(HERE / "fork_during_hand_over.py")
     assert result.returncode == 0, result.stderr
     assert json_lines(result.stdout) == [{"child": 0, "parent_armed": True}], result.stderr
 
 
-# A stand-in finder for FSDP2 whose spec has a loader of the given kind, ahead of the fake on disk.
-STAND_IN_LOADER = f"""
-import _imp, importlib.machinery, json, sys, types, warnings
-import fsdp_autopatch
-
-warnings.simplefilter("ignore", ImportWarning)  # 3.10+: the load_module() fallback
-NAME = "torch.distributed.fsdp"
-held = []
-register_hooks = fsdp_autopatch.register_hooks
-
-
-def spy():
-    held.append(_imp.lock_held())  # the global import lock, held while finders run
-    register_hooks()
-
-
-fsdp_autopatch.register_hooks = spy
-
-
-class LegacyLoader:
-    # PEP 302 only, as zipimport before Python 3.10 and old import hooks.
-    def load_module(self, fullname):
-        module = sys.modules[fullname] = types.ModuleType(fullname)
-        module.__loader__ = self
-        return module
-
-
-class PlainLoader:
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module):
-        pass
-
-
-class ReadOnlySpec(importlib.machinery.ModuleSpec):
-    # A spec whose loader cannot be replaced: no loader can be lent for this import.
-    def __setattr__(self, name, value):
-        if name == "loader" and "loader" in vars(self):
-            raise AttributeError("read-only loader")
-        super().__setattr__(name, value)
-
-
-class StandInFinder:
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != NAME:
-            return None
-        if KIND == "legacy":
-            return importlib.machinery.ModuleSpec(fullname, LegacyLoader())
-        return ReadOnlySpec(fullname, PlainLoader())
-
-
-{WATCHER}
-sys.meta_path.insert(0 if watcher is None else 1, StandInFinder())
-try:
-    import torch.distributed.fsdp as fsdp
-    outcome = type(fsdp.__loader__).__name__
-except Exception as error:
-    outcome = type(error).__name__
-armed_in_import = "wrapt" in sys.modules
-import colorsys  # the next import after it
-wrapt = sys.modules.get("wrapt")
-print(json.dumps({{
-    "outcome": outcome, "held": held, "armed_in_import": armed_in_import,
-    "watching": watcher in sys.meta_path,
-    "waiting_hooks": sorted(wrapt.importer._post_import_hooks) if wrapt else None,
-}}))
-"""
 
 
 @pytest.mark.parametrize("kind", ["legacy", "read-only spec"])
@@ -545,8 +408,8 @@ def test_arming_never_under_the_import_lock(tmp_path: Path, installed: Path, kin
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site)
     fake_transformers(env.site)
-    code = f"KIND = {kind!r}\n{STAND_IN_LOADER}"
-    runs = {mode: env.run(code, FSDP_AUTOPATCH=mode) for mode in (None, OFF)}
+    runs = {mode: env.run_program(HERE / "stand_in_loader.py", kind, FSDP_AUTOPATCH=mode)
+            for mode in (None, OFF)}
     for run in runs.values():
         assert (run.returncode, run.stderr) == (0, ""), run.stderr
     report, unpatched = (json_lines(run.stdout)[0] for run in runs.values())
@@ -564,16 +427,6 @@ def test_arming_never_under_the_import_lock(tmp_path: Path, installed: Path, kin
     assert report["armed_in_import"] == (kind == "legacy"), report
 
 
-NO_STDERR = """
-import json, sys
-stderr = sys.stderr
-sys.stderr = sys.__stderr__ = None  # as under pythonw
-import torch.distributed.fsdp
-sys.stderr = sys.__stderr__ = stderr
-import fsdp_autopatch, wrapt
-print(json.dumps({"reason": fsdp_autopatch.status().reason,
-                  "waiting_hooks": sorted(wrapt.importer._post_import_hooks)}))
-"""
 
 
 def test_bad_mode_value_without_stderr(tmp_path: Path, installed: Path) -> None:
@@ -581,7 +434,7 @@ def test_bad_mode_value_without_stderr(tmp_path: Path, installed: Path) -> None:
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site)
     fake_transformers(env.site)
-    result = env.run(NO_STDERR, FSDP_AUTOPATCH="garbage")
+    result = env.run_program(HERE / "no_stderr.py", FSDP_AUTOPATCH="garbage")
     assert (result.returncode, result.stderr) == (0, "")
     (report,) = json_lines(result.stdout)
     # The hooks ran on torch.distributed.fsdp: the fake's holds no fully_shard, which they say.
@@ -591,34 +444,21 @@ def test_bad_mode_value_without_stderr(tmp_path: Path, installed: Path) -> None:
 
 # --- import-time faults with the real torch and transformers (slow) ----------------------------
 
-SHARD = """
-import json, sys
-import torch.distributed as dist
-{imports}
-import fsdp_autopatch
-from fsdp_autopatch import _verify
-
-mesh = _verify.init_process_group()
-result = _verify.shard_and_train("token-classification", mesh, steps=1)
-dist.destroy_process_group()
-print(json.dumps({{"status": fsdp_autopatch.status().to_dict(), "result": result}}))
-"""
-DEFAULT_IMPORTS = "import torch.distributed.fsdp, transformers"
+SHARD_WITH_FAULT = Path(__file__).with_name("shard_with_fault.py")
 
 
 def shard(
-    prelude: str = "", imports: str = DEFAULT_IMPORTS, pythonpath: Optional[Path] = None,
+    fault: Optional[str] = None, imports: Optional[str] = None, pythonpath: Optional[Path] = None,
     prepared: bool = False, **variables: Optional[str],
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
-    """Run ``prelude``, the imports, then one sharded train step of an ABC-headed model, in a
-    fresh interpreter or (``prepared``, no fault: nothing before the default imports) a prepared
-    one's child."""
-    assert not prepared or (not prelude and imports == DEFAULT_IMPORTS and pythonpath is None)
+    """tests/shard_with_fault.py: the ``fault`` injected, the imports, then one sharded train step
+    of an ABC-headed model, in a fresh interpreter or (``prepared``, no fault: nothing before the
+    default imports) a prepared one's child."""
+    assert not prepared or (fault is None and imports is None and pythonpath is None)
     if pythonpath is not None:
         variables["PYTHONPATH"] = str(pythonpath)
-    code = textwrap.dedent(prelude) + SHARD.format(imports=imports)
-    result = run_python(code, env=environment(**variables), prepared=prepared)
-    assert result.returncode == 0, result.stderr[-4000:]
+    args = [*(("--fault", fault) if fault else ()), *(("--imports", imports) if imports else ())]
+    result = run_program(SHARD_WITH_FAULT, *args, env=environment(**variables), prepared=prepared)
     (report,) = json_lines(result.stdout)
     return report, result
 
@@ -720,54 +560,30 @@ def test_transformers_without_usable_version(
         assert "no installed version found" in status["reason"]
 
 
-# Faults injected into the package in the child, before torch is imported: (message, code).
+# Faults injected into the package in the child, before torch is imported (tests/shard_with_fault.py):
+# the message each must leave in the status.
 INJECTIONS = {
-    "install": ("injected: install", """
-        import fsdp_autopatch._patch as patch
-
-        def install(construction):
-            raise RuntimeError("injected: install")
-
-        patch.install = install
-    """),
-    "decide": ("injected: decide", """
-        import fsdp_autopatch._matrix as matrix
-
-        def decide(*args, **kwargs):
-            raise ValueError("injected: decide")
-
-        matrix.decide = decide
-    """),
+    "install": "injected: install",
+    "decide": "injected: decide",
     # fully_shard's site succeeds; the step after it, for another site, fails.
-    "replicate site": ("injected: replicate site", """
-        import fsdp_autopatch._patch as patch
-
-        real_install = patch.install
-
-        def install(construction):
-            if construction.site.api != "FSDP2 fully_shard":
-                raise RuntimeError("injected: replicate site")
-            return real_install(construction)
-
-        patch.install = install
-    """),
+    "replicate site": "injected: replicate site",
 }
 
 
 # replicate()'s site is patched once its module is imported.
-WITH_REPLICATE = f"{DEFAULT_IMPORTS}\nimport torch.distributed._composable.replicate_with_fsdp"
+WITH_REPLICATE = "torch.distributed.fsdp,transformers,torch.distributed._composable.replicate_with_fsdp"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("injection", list(INJECTIONS.values()), ids=list(INJECTIONS))
-def test_patch_raising(unpatched: dict[str, Any], injection: tuple[str, str]) -> None:
+@pytest.mark.parametrize("injection", list(INJECTIONS))
+def test_patch_raising(unpatched: dict[str, Any], injection: str) -> None:
     """An exception inside the patch never reaches the import, and status() tells the truth.
 
     Either the program runs unpatched and status() says so with the cause, or it runs patched
     and status() says that: never a patched fully_shard behind a status that denies it.
     """
-    message, code = injection
-    report, result = shard(code, imports=WITH_REPLICATE)
+    message = INJECTIONS[injection]
+    report, result = shard(injection, imports=WITH_REPLICATE)
     assert "Traceback" not in result.stderr
     applied, sharded = report["status"]["applied"], report["result"]["sharded"]
     if not layout_bug_here():  # nothing to patch: standing aside, the injected step never runs
@@ -783,15 +599,7 @@ def test_patch_raising(unpatched: dict[str, Any], injection: tuple[str, str]) ->
 def test_class_building_raising(unpatched: dict[str, Any]) -> None:
     """A failure choosing one class leaves fully_shard to fail exactly as torch would: the
     self-check meets it first, so the status says unpatched, and the log says why."""
-    injection = """
-        import fsdp_autopatch._layout as layout
-
-        def wrapper_class(*args, **kwargs):
-            raise RuntimeError("injected: wrapper_class")
-
-        layout.wrapper_class = wrapper_class
-    """
-    report, result = shard(injection, FSDP_AUTOPATCH_LOG="warning")
+    report, result = shard("wrapper_class", FSDP_AUTOPATCH_LOG="warning")
     assert report["result"]["sharded"] is unpatched["sharded"]
     assert report["result"].get("error") == unpatched.get("error")
     if layout_bug_here():  # a class was needed, and the log that was asked for says why there is none
@@ -801,38 +609,15 @@ def test_class_building_raising(unpatched: dict[str, Any]) -> None:
         assert "injected: wrapper_class" in result.stderr
 
 
-# torch "moves" the names this package patches: they are gone from the module global namespace
-# when the package's hook looks, as they would be in a torch release that renamed them.
-HIDE_FSDP_NAMES = """
-import sys
-import wrapt
-
-FULLY_SHARD = "torch.distributed.fsdp._fully_shard._fully_shard"
-moved = {}
-
-
-def move_names(module):
-    # Runs before the package's own hook: wrapt calls hooks in the order they were registered.
-    moved["_unimplemented_deepcopy"] = sys.modules[FULLY_SHARD].__dict__.pop("_unimplemented_deepcopy")
-
-
-# The site's own module: the package's hook patches a site as soon as its module has run.
-wrapt.register_post_import_hook(move_names, FULLY_SHARD)
-"""
 # transformers first: the decision is then taken when torch.distributed.fsdp finishes importing.
-IMPORTS_THEN_RESTORE = """
-import transformers
-import torch.distributed.fsdp
-# torch's own code looks the stub up by this name, so it goes back for fully_shard to run.
-sys.modules[FULLY_SHARD]._unimplemented_deepcopy = moved["_unimplemented_deepcopy"]
-"""
+TRANSFORMERS_FIRST = "transformers,torch.distributed.fsdp"
 
 
 @pytest.mark.slow
 def test_unknown_fsdp_layout(unpatched: dict[str, Any], patched: dict[str, Any]) -> None:
     """torch's private module without the names this package knows: fully_shard unpatched, reason
     named (composable DDP, imported with FSDP2 and where it always was, is still patched)."""
-    report, result = shard(HIDE_FSDP_NAMES, imports=IMPORTS_THEN_RESTORE)
+    report, result = shard("hide fsdp names", imports=TRANSFORMERS_FIRST)
     assert not any(site.endswith(".fully_shard") for site in report["status"]["sites"]), report["status"]
     assert report["result"]["sharded"] is unpatched["sharded"]
     assert report["result"].get("error") == unpatched.get("error")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,11 @@ from conftest import (
     environment,
     json_lines,
     layout_bug_here,
-    run_python,
+    run_program,
     run_scenario,
     shard_abc_head,
 )
+from wrappers import WRAPPERS
 
 from fsdp_autopatch import DDP_MODULE
 
@@ -35,6 +35,7 @@ pytestmark = pytest.mark.slow
 DISABLED = environment(FSDP_AUTOPATCH="0")
 # fully_shard's site on torch 2.6+, named by the function users call.
 FULLY_SHARD_SITE = "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard"
+HERE = Path(__file__).parent
 
 
 def by_model(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -96,102 +97,6 @@ def test_causal_lm_gets_torchs_exact_class(unpatched: dict[str, dict[str, Any]])
     assert_bug_without_patch(unpatched)
 
 
-USER_MODULES = """
-    import abc, collections.abc, copy, json, os, typing
-    import torch, torch.distributed as dist
-    from torch import nn
-    import torch.distributed.fsdp, transformers
-    import torch.distributed._composable.fsdp as composable
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-    from torch.distributed.fsdp._fully_shard import _fully_shard
-    from fsdp_autopatch import _verify
-
-    T = typing.TypeVar("T")
-
-    class AbcHead(abc.ABC, nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(4, 4)
-        def forward(self, x):
-            return self.linear(x)
-
-    class GenericHead(typing.Generic[T], nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(4, 4)
-        def forward(self, x):
-            return self.linear(x)
-
-    class SizedHead(collections.abc.Sized, nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(4, 4)
-        def __len__(self):
-            return 1
-        def forward(self, x):
-            return self.linear(x)
-
-    class Proto(typing.Protocol):
-        def f(self) -> int: ...
-
-    class ProtoImpl(Proto):
-        def f(self) -> int:
-            return 1
-
-    class ProtoHead(ProtoImpl, nn.Module):
-        def __init__(self):
-            nn.Module.__init__(self)  # a Protocol subclass's __init__ does not chain to Module's
-            self.linear = nn.Linear(4, 4)
-        def forward(self, x):
-            return self.linear(x)
-
-    class AbcSequential(abc.ABC, nn.Sequential):
-        pass
-
-    mesh = _verify.init_process_group()
-    report = {}
-    for cls in (AbcHead, GenericHead, SizedHead, ProtoHead):
-        module = cls()
-        try:
-            fully_shard(module, mesh=mesh)
-        except TypeError as error:
-            report[cls.__name__] = {"error": str(error)}
-            continue
-        module(torch.ones(2, 4)).sum().backward()
-        module.unshard()
-        module.reshard()
-        twin = cls()
-        fully_shard(twin, mesh=mesh)
-        try:
-            copy.deepcopy(module)
-            deepcopy_guarded = False
-        except AssertionError:
-            deepcopy_guarded = True
-        wrapper = type(module)
-        report[cls.__name__] = {
-            "aliases": [isinstance(module, alias) for alias in
-                        (FSDPModule, composable.FSDPModule, _fully_shard.FSDPModule)],
-            "fsdp_methods_resolve_to_fsdpmodule": all(
-                getattr(wrapper, name) is getattr(FSDPModule, name)
-                for name in ("reshard", "unshard", "set_requires_gradient_sync", "_apply", "__new__")),
-            "original_at_index_2": wrapper.__mro__[2] is cls,
-            "one_class_per_original": type(twin) is wrapper,
-            "cached": _fully_shard.get_cls_to_fsdp_cls()[cls] is wrapper,
-            "deepcopy_guarded": deepcopy_guarded,
-            "metaclass_as_upstream": type(wrapper) is type(cls),
-            "upstream_bases": wrapper.__bases__ == (FSDPModule, cls),
-        }
-    container = AbcSequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
-    try:
-        fully_shard(container, mesh=mesh)
-        report["slice"] = type(container[0:2]).__name__
-    except TypeError as error:
-        report["slice"] = str(error)
-    dist.destroy_process_group()
-    print(json.dumps(report))
-"""
-
-
 def test_users_own_abc_generic_and_collections_abc_modules(real_torch: dict[str, str]) -> None:
     """Per class, CPython decides: torch's class where it accepts it, the package's where not.
 
@@ -199,8 +104,7 @@ def test_users_own_abc_generic_and_collections_abc_modules(real_torch: dict[str,
     collections.abc heads wherever the probe finds the bug. Where it does not, auto mode stands
     aside for the transformers heads, so ``force`` is what covers a user's own Generic module.
     """
-    unpatched = run_python(USER_MODULES, env=DISABLED, prepared=True)
-    assert unpatched.returncode == 0, unpatched.stderr[-4000:]
+    unpatched = run_program(HERE / "user_modules.py", env=DISABLED, prepared=True)
     (torch_alone,) = json_lines(unpatched.stdout)
     refused = {"AbcHead": layout_bug_here(), "SizedHead": layout_bug_here(), "GenericHead": True,
                "ProtoHead": True}
@@ -209,9 +113,8 @@ def test_users_own_abc_generic_and_collections_abc_modules(real_torch: dict[str,
         assert not bug or LAYOUT_ERROR in torch_alone[name]["error"]
     assert (LAYOUT_ERROR in torch_alone["slice"]) is layout_bug_here()
 
-    patched = run_python(USER_MODULES, env=environment(
+    patched = run_program(HERE / "user_modules.py", env=environment(
         FSDP_AUTOPATCH=None if layout_bug_here() else "force"), prepared=True)
-    assert patched.returncode == 0, patched.stderr[-4000:]
     (report,) = json_lines(patched.stdout)
     for name, bug in refused.items():
         assert report[name] == {
@@ -295,89 +198,7 @@ def test_status_reports_versions_and_site(real_torch: dict[str, str]) -> None:
     assert (error is not None and LAYOUT_ERROR in error) is layout_bug_here()
 
 
-# Every torch call that swaps a module's class, for the tests of what the patch must leave as
-# torch makes it: each defines Wrapper (torch's wrapper class), PREFIX, wrap(module) (called once
-# `mesh` is set), and METHOD, ARGS: a method of Wrapper's own, and arguments to call it with.
-WRAPPERS = {
-    "fully_shard": """
-    from torch.distributed.fsdp import FSDPModule as Wrapper, fully_shard
-    PREFIX, METHOD, ARGS = "FSDP", "reshard", ()
-
-    def wrap(module):
-        fully_shard(module, mesh=mesh)
-""",
-    # Composable DDP builds a new class on every call (no cache).
-    "DDP replicate": """
-    import importlib
-    composable_ddp = importlib.import_module("torch.distributed._composable.replicate")
-    Wrapper = composable_ddp.DDP
-    PREFIX, METHOD, ARGS = "DDP", "set_requires_gradient_sync", (True,)
-
-    def wrap(module):
-        composable_ddp.replicate(module)
-""",
-}
 PREFIXES = {"fully_shard": ("FSDP", "FSDPModule"), "DDP replicate": ("DDP", "DDP")}
-
-
-def with_wrapper(script: str, wrapper: str) -> str:
-    """``script`` with ``{wrapper}`` replaced by that wrapper's definitions."""
-    return textwrap.dedent(script).replace("{wrapper}\n", textwrap.dedent(WRAPPERS[wrapper]))
-
-
-# A user's module classes whose construction has side effects: a registry that refuses a second
-# class of one name (its __init_subclass__) and a metaclass counting what it builds.
-CONSTRUCTION_HOOKS = """
-    import abc, json
-    import torch.distributed.fsdp, transformers
-    from torch import nn
-    import fsdp_autopatch
-    from fsdp_autopatch import _verify
-    {wrapper}
-
-    built = []
-
-    class Counting(abc.ABCMeta):
-        def __new__(meta, name, bases, namespace, **kwargs):
-            built.append(name)
-            return super().__new__(meta, name, bases, namespace, **kwargs)
-
-    class Registered(nn.Module):
-        registry = {}
-
-        def __init_subclass__(cls, **kwargs):
-            super().__init_subclass__(**kwargs)
-            if cls.__name__ in Registered.registry:
-                raise TypeError(f"duplicate registration {cls.__name__}")
-            Registered.registry[cls.__name__] = cls
-
-    class Block(Registered, metaclass=Counting):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(4, 4)
-
-    class AbcBlock(abc.ABC, Registered, metaclass=Counting):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(4, 4)
-
-    mesh = _verify.init_process_group()
-    report = {}
-    for cls in (Block, AbcBlock):
-        built.clear()
-        outcomes = []
-        for _ in range(2):
-            module = cls()
-            try:
-                wrap(module)
-                outcomes.append(type(module).__name__)
-            except TypeError as error:
-                outcomes.append(str(error))
-        report[cls.__name__] = {"outcomes": outcomes, "built": list(built),
-                                "registered": sorted(Registered.registry)}
-    report["classes"] = fsdp_autopatch.status().to_dict()["classes"]
-    print(json.dumps(report))
-"""
 
 
 @pytest.mark.parametrize("wrapper", list(WRAPPERS))
@@ -389,9 +210,8 @@ def test_construction_hooks_run_once_per_class_as_without_the_patch(wrapper: str
     ``<Prefix><Name>``: a registry that refuses it leaves torch's error, and the status says why."""
     runs = {}
     for mode in (None, "0"):
-        result = run_python(with_wrapper(CONSTRUCTION_HOOKS, wrapper), env=environment(FSDP_AUTOPATCH=mode),
-                            prepared=True)
-        assert result.returncode == 0, result.stderr[-4000:]
+        result = run_program(HERE / "construction_hooks.py", wrapper, env=environment(FSDP_AUTOPATCH=mode),
+                             prepared=True)
         (runs[mode],) = json_lines(result.stdout)
     patched, unpatched = runs[None], runs["0"]
     prefix = PREFIXES[wrapper][0]
@@ -419,44 +239,6 @@ def test_construction_hooks_run_once_per_class_as_without_the_patch(wrapper: str
     assert {c["name"]: c["outcome"] for c in patched["classes"]}["Block"] == "torch"
 
 
-# What torch cached for an ABC module before the patch was installed, in the two orders that
-# install it late: transformers imported after the failure, and apply(force=True) after auto mode
-# declined (for a transformers without ABC heads).
-STALE_ENTRY = """
-    import abc, json, sys
-    import torch.distributed.fsdp
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.fsdp._fully_shard import _fully_shard
-    import fsdp_autopatch
-    from fsdp_autopatch import _verify
-
-    class Head(abc.ABC, nn.Linear):
-        pass
-
-    mesh = _verify.init_process_group()
-
-    def shard():
-        module = Head(4, 4)
-        try:
-            fully_shard(module, mesh=mesh)
-            return type(module).__name__
-        except TypeError as error:
-            return str(error)
-
-    report = {"before": shard(), "cached_before": Head in _fully_shard.cls_to_fsdp_cls}
-    if sys.argv[1] == "transformers":
-        import transformers
-    else:
-        import transformers
-        report["auto"] = fsdp_autopatch.status().to_dict()
-        fsdp_autopatch.apply(force=True)
-    report["after"] = shard()
-    report["status"] = fsdp_autopatch.status().to_dict()
-    print(json.dumps(report))
-"""
-
-
 @pytest.mark.parametrize("order", ["transformers", "force"])
 def test_a_class_that_failed_before_the_patch_shards_after_it(order: str, newer_transformers: Path) -> None:
     """torch stores its refused ``FSDP<Name>`` before the swap fails; installing the patch
@@ -464,9 +246,8 @@ def test_a_class_that_failed_before_the_patch_shards_after_it(order: str, newer_
     env = {} if order == "transformers" else {"PYTHONPATH": str(newer_transformers)}
     reports = {}
     for mode in (None, "0"):
-        result = run_python(f"import sys; sys.argv[1:] = [{order!r}]\n" + textwrap.dedent(STALE_ENTRY),
+        result = run_program(HERE / "stale_entry.py", order,
                             env=environment(FSDP_AUTOPATCH=mode, **env))
-        assert result.returncode == 0, result.stderr[-4000:]
         (reports[mode],) = json_lines(result.stdout)
     patched, unpatched = reports[None], reports["0"]
     if not layout_bug_here():
@@ -482,75 +263,13 @@ def test_a_class_that_failed_before_the_patch_shards_after_it(order: str, newer_
     assert (record["name"], record["outcome"], record["parent"]) == ("Head", "compatible", "abc.ABC")
 
 
-# A method of the wrapper class (FSDPModule.reshard, DDP.set_requires_gradient_sync) replaced
-# (before and after the ABC class is built), restored, deleted: what a plain module and an ABC
-# module call each time.
-MONKEYPATCHED = """
-    import abc, json
-    import torch.distributed.fsdp, transformers
-    from torch import nn
-    from fsdp_autopatch import _verify
-    {wrapper}
-
-    class Plain(nn.Linear):
-        pass
-
-    class Head(abc.ABC, nn.Linear):
-        pass
-
-    class Late(abc.ABC, nn.Linear):
-        pass
-
-    mesh = _verify.init_process_group()
-    real = Wrapper.__dict__[METHOD]
-
-    def traced(self, *args):
-        return "traced " + type(self).__name__
-
-    def shard(cls):
-        module = cls(4, 4)
-        try:
-            wrap(module)
-            return module
-        except TypeError as error:
-            return str(error)
-
-    def calls(*modules):
-        answers = []
-        for module in modules:
-            if isinstance(module, str):
-                answers.append("not sharded")
-                continue
-            try:
-                answer = getattr(module, METHOD)(*ARGS)
-                answers.append(answer if isinstance(answer, str) else "torch's method")
-            except AttributeError:
-                answers.append("no method")
-        return answers
-
-    plain, head = shard(Plain), shard(Head)
-    report = {"before": calls(plain, head)}
-    setattr(Wrapper, METHOD, traced)
-    late = shard(Late)
-    report["replaced"] = calls(plain, head, late)
-    setattr(Wrapper, METHOD, real)
-    report["restored"] = calls(plain, head, late)
-    delattr(Wrapper, METHOD)
-    report["deleted"] = calls(plain, head, late)
-    report["hasattr"] = [hasattr(type(m), METHOD) for m in (plain, head, late) if not isinstance(m, str)]
-    setattr(Wrapper, METHOD, real)
-    print(json.dumps(report))
-"""
-
-
 @pytest.mark.parametrize("wrapper", list(WRAPPERS))
 def test_monkeypatches_of_the_wrapper_reach_abc_modules_as_they_reach_others(wrapper: str) -> None:
     """A profiler or ``monkeypatch`` replacing ``FSDPModule.reshard`` (or a method of composable
     DDP's ``DDP``): ABC modules (wrapped before or after) call the replacement as plain modules
     do, go back with it, and lose it with it."""
-    script = with_wrapper(MONKEYPATCHED, wrapper)
-    result = run_python(script, prepared=True)
-    assert result.returncode == 0, result.stderr[-4000:]
+    script = HERE / "monkeypatched.py"
+    result = run_program(script, wrapper, prepared=True)
     (report,) = json_lines(result.stdout)
     prefix = PREFIXES[wrapper][0]
     assert report == {
@@ -560,40 +279,14 @@ def test_monkeypatches_of_the_wrapper_reach_abc_modules_as_they_reach_others(wra
         "deleted": ["no method"] * 3,
         "hasattr": [False] * 3,
     }, report
-    unpatched = run_python(script, env=DISABLED, prepared=True)
-    assert unpatched.returncode == 0, unpatched.stderr[-4000:]
+    unpatched = run_program(script, wrapper, env=DISABLED, prepared=True)
     (alone,) = json_lines(unpatched.stdout)
     assert alone["replaced"][0] == f"traced {prefix}Plain"
     assert (alone["replaced"][1:] == ["not sharded"] * 2) is layout_bug_here()
 
 
-CLASSES_OF_A_RUN = """
-    import json
-    import torch.distributed.fsdp, transformers
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-    import fsdp_autopatch
-    from fsdp_autopatch import _patch, _verify
-
-    mesh = _verify.init_process_group()
-    for kind in ("token-classification", "causal-lm"):
-        model = _verify.build_model(kind)
-        for layer in model.base_model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-    before = fsdp_autopatch.status().to_dict()
-    # More classes than the status keeps.
-    for index in range(_patch.CLASS_RECORD_LIMIT + 20):
-        fully_shard(type(f"Block{index}", (nn.Linear,), {})(2, 2), mesh=mesh)
-    after = fsdp_autopatch.status().to_dict()
-    print(json.dumps({"heads": before, "many": {"kept": len(after["classes"]), "seen": after["classes_seen"],
-                      "limit": _patch.CLASS_RECORD_LIMIT}}))
-"""
-
-
 def test_status_lists_each_class_that_went_through_the_patched_site() -> None:
-    result = run_python(CLASSES_OF_A_RUN, env=environment(FSDP_AUTOPATCH_LOG="debug"))
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = run_program(HERE / "classes_of_a_run.py", env=environment(FSDP_AUTOPATCH_LOG="debug"))
     (report,) = json_lines(result.stdout)
     status = report["heads"]
     assert json.loads(json.dumps(status)) == status
@@ -621,94 +314,6 @@ def test_status_lists_each_class_that_went_through_the_patched_site() -> None:
                for line in log) == 1
 
 
-# Module classes whose creation has side effects, each as a plain class (torch's class fits) and
-# with abc.ABC first (it does not): descriptors with __set_name__, an __init_subclass__ that
-# decorates, a metaclass that applies a class decorator and keeps a registry, functools.cache
-# keyed on the class, cached_property. Every side effect lands in ``events``, in order.
-SIDE_EFFECTS = """
-    import abc, functools, json
-    import torch, torch.distributed.fsdp, transformers
-    from torch import nn
-    import fsdp_autopatch
-    from fsdp_autopatch import _verify
-    {wrapper}
-
-    events = []
-
-    class Named:
-        def __set_name__(self, owner, name):
-            events.append(f"set_name {owner.__name__}.{name}")
-
-        def __get__(self, instance, owner):
-            return f"named on {owner.__name__}"
-
-    def stamped(cls):
-        events.append(f"decorated {cls.__name__}")
-        cls.stamp = cls.__name__
-        return cls
-
-    class Decorating(abc.ABCMeta):
-        registry = {}
-
-        def __new__(meta, name, bases, namespace, **kwargs):
-            cls = stamped(super().__new__(meta, name, bases, namespace, **kwargs))
-            Decorating.registry.setdefault(name, []).append(cls)
-            return cls
-
-    @functools.cache
-    def describe(cls):
-        events.append(f"described {cls.__name__}")
-        return [c.__name__ for c in cls.__mro__[:3]]
-
-    class Base(nn.Module, metaclass=Decorating):
-        named = Named()
-
-        def __init_subclass__(cls, **kwargs):
-            super().__init_subclass__(**kwargs)
-            events.append(f"init_subclass {cls.__name__}")
-
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(4, 4)
-
-        @functools.cached_property
-        def size(self):
-            events.append(f"cached_property on {type(self).__name__}")
-            return self.linear.in_features
-
-        def forward(self, x):
-            return self.linear(x)
-
-    class Plain(Base):
-        pass
-
-    class Head(abc.ABC, Base):
-        pass
-
-    mesh = _verify.init_process_group()
-    report = {}
-    for cls in (Plain, Head):
-        events.clear()
-        module = cls()
-        try:
-            wrap(module)
-            wrap(cls())  # the second module of the class: a cache hit for fully_shard
-            kind = type(module)
-            outcome = {
-                "class": kind.__name__, "mro": [c.__name__ for c in kind.__mro__[:3]],
-                "is_fsdp": isinstance(module, Wrapper), "named": module.named,
-                "stamp": kind.stamp, "describe": describe(kind), "size": [module.size, module.size],
-                "output": list(module(torch.ones(1, 4)).shape),
-                "registered": len(Decorating.registry.get(kind.__name__, [])),
-            }
-        except TypeError as error:
-            outcome = {"error": str(error)}
-        report[cls.__name__] = {"outcome": outcome, "events": list(events)}
-    report["applied"] = fsdp_autopatch.status().applied
-    print(json.dumps(report))
-"""
-
-
 @pytest.mark.parametrize("wrapper", list(WRAPPERS))
 def test_classes_with_creation_side_effects_match_torch_alone(
     first_fixed_transformers: Path, wrapper: str
@@ -720,8 +325,7 @@ def test_classes_with_creation_side_effects_match_torch_alone(
     runs = {}
     for label, env in {"patched": {}, "disabled": {"FSDP_AUTOPATCH": "0"}, "fixed": fixed,
                        "fixed-forced": dict(fixed, FSDP_AUTOPATCH="force")}.items():
-        result = run_python(with_wrapper(SIDE_EFFECTS, wrapper), env=environment(**env), prepared=True)
-        assert result.returncode == 0, result.stderr[-4000:]
+        result = run_program(HERE / "side_effects.py", wrapper, env=environment(**env), prepared=True)
         (runs[label],) = json_lines(result.stdout)
     bug = layout_bug_here()
     assert [runs[label]["applied"] for label in runs] == [bug, False, False, True]
@@ -756,93 +360,14 @@ def test_classes_with_creation_side_effects_match_torch_alone(
         f"described {prefix}Head", f"cached_property on {prefix}Head"]
 
 
-# A class whose construction shards another module: torch's construction runs it inside the
-# patched cache's decision, in the same thread.
-SHARDS_WHILE_BUILT = """
-    import abc, json
-    import torch.distributed.fsdp, transformers
-    from torch import nn
-    from fsdp_autopatch import _verify
-    {wrapper}
-
-    mesh = _verify.init_process_group()
-
-    class Inner(nn.Linear):
-        pass
-
-    class Outer(nn.Linear):
-        def __init_subclass__(cls, **kwargs):
-            super().__init_subclass__(**kwargs)
-            if cls.__name__.startswith(PREFIX):
-                wrap(Inner(2, 2))
-
-    module = Outer(2, 2)
-    wrap(module)
-    print(json.dumps({"outer": type(module).__name__}))
-"""
-
-
 @pytest.mark.parametrize("wrapper", list(WRAPPERS))
 def test_a_class_whose_construction_shards_another_module(wrapper: str) -> None:
     """No deadlock where torch has none: the construction of ``FSDPOuter`` (``DDPOuter``) wraps
     an ``Inner`` from ``__init_subclass__``, patched as without the patch."""
     for mode in (None, "0"):
-        result = run_python(with_wrapper(SHARDS_WHILE_BUILT, wrapper), env=environment(FSDP_AUTOPATCH=mode),
-                            timeout=120, prepared=True)
-        assert result.returncode == 0, result.stderr[-4000:]
+        result = run_program(HERE / "shards_while_built.py", wrapper, env=environment(FSDP_AUTOPATCH=mode),
+                             timeout=120, prepared=True)
         assert json_lines(result.stdout) == [{"outer": f"{PREFIXES[wrapper][0]}Outer"}]
-
-
-# What any reader of torch's class caches sees (torch's own _dynamo/guards.py reads
-# get_cls_to_fsdp_cls()): a plain dict, answering exactly as the dict torch made, patched or not.
-CACHE_READERS = """
-    import abc, copy, json, sys
-    import torch.distributed.fsdp, transformers
-    import torch.distributed._composable.replicate_with_fsdp
-    from torch import nn
-    import fsdp_autopatch
-    from fsdp_autopatch import _verify
-
-    class Plain(nn.Linear):
-        pass
-
-    class Head(abc.ABC, nn.Linear):
-        pass
-
-    caches = {
-        "cls_to_fsdp_cls": sys.modules["torch.distributed.fsdp._fully_shard._fully_shard"],
-        "cls_to_replicate_cls": sys.modules["torch.distributed._composable.replicate_with_fsdp"],
-    }
-    report = {}
-    for name, module in caches.items():
-        cache = getattr(module, name)
-        try:
-            cache[Plain]
-            item = "found"
-        except KeyError:
-            item = "KeyError"
-        report[name] = {
-            "type": type(cache).__name__, "get": repr(cache.get(Plain)),
-            "default": cache.get(Plain, "default"), "in": Plain in cache, "item": item, "len": len(cache),
-            "iter": [c.__name__ for c in cache],
-            "copy": type(copy.copy(cache)).__name__, "dict": len(dict(cache)), "after": len(cache),
-        }
-    getter = getattr(caches["cls_to_fsdp_cls"], "get_cls_to_fsdp_cls", None)
-    if getter is not None:
-        same = getter() is caches["cls_to_fsdp_cls"].cls_to_fsdp_cls
-        report["getter"] = [same, getter().get(Plain, "default"), len(getter())]
-    mesh = _verify.init_process_group()
-    for cls in (Plain, Head):
-        try:
-            torch.distributed.fsdp.fully_shard(cls(4, 4), mesh=mesh)
-        except TypeError:
-            pass
-    cache = caches["cls_to_fsdp_cls"].cls_to_fsdp_cls
-    report["after sharding"] = {"type": type(cache).__name__, "keys": sorted(c.__name__ for c in cache),
-                                "values": sorted(c.__name__ for c in cache.values())}
-    report["applied"] = fsdp_autopatch.status().applied
-    print(json.dumps(report))
-"""
 
 
 def test_readers_of_torchs_class_caches_see_torchs_dict() -> None:
@@ -852,8 +377,7 @@ def test_readers_of_torchs_class_caches_see_torchs_dict() -> None:
     class where CPython refuses torch's, the plain class's own."""
     runs = {}
     for mode in (None, "0"):
-        result = run_python(CACHE_READERS, env=environment(FSDP_AUTOPATCH=mode), prepared=True)
-        assert result.returncode == 0, result.stderr[-4000:]
+        result = run_program(HERE / "cache_readers.py", env=environment(FSDP_AUTOPATCH=mode), prepared=True)
         (runs[mode],) = json_lines(result.stdout)
     patched, unpatched = runs[None], runs["0"]
     assert patched["applied"] is layout_bug_here() and unpatched["applied"] is False

@@ -12,10 +12,12 @@ import), after both, and after both from a worker thread.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_python
+from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_program
+from import_order import THREAD, spec
 
 from fsdp_autopatch import _matrix
 
@@ -25,31 +27,17 @@ ABC_HEAD = "token-classification"  # Qwen2ForTokenClassification: GenericForToke
 PLAIN = "causal-lm"  # Qwen2ForCausalLM: no ABC anywhere in its MRO
 
 # The imports of each order, before anything else runs.
+REPLICATE = "torch.distributed._composable.replicate_with_fsdp"
 IMPORTS = {
-    "replicate-first": """
-import torch.distributed._composable.replicate_with_fsdp
-import transformers
-""",
+    "replicate-first": (REPLICATE, "transformers"),
     # replicate_with_fsdp imports FSDP2 itself, from inside its own import.
-    "transformers-first": """
-import transformers
-import torch.distributed._composable.replicate_with_fsdp
-""",
+    "transformers-first": ("transformers", REPLICATE),
     # The order of a training script that imports its libraries first.
-    "replicate-last": """
-import torch.distributed.fsdp, transformers
-import torch.distributed._composable.replicate_with_fsdp
-""",
+    "replicate-last": ("torch.distributed.fsdp", "transformers", REPLICATE),
     # As replicate-last, with replicate_with_fsdp imported by a worker thread.
-    "replicate-in-thread": """
-import importlib, threading
-import torch.distributed.fsdp, transformers
-worker = threading.Thread(target=importlib.import_module,
-                          args=("torch.distributed._composable.replicate_with_fsdp",))
-worker.start()
-worker.join()
-""",
+    "replicate-in-thread": ("torch.distributed.fsdp", "transformers", THREAD + REPLICATE),
 }
+HERE = Path(__file__).parent
 ORDERS = list(IMPORTS)
 # The orders that begin as tests/prepared.py does (FSDP2, then transformers): their cases run in
 # a child of the prepared interpreter; the others in a fresh one.
@@ -57,58 +45,12 @@ PREPARED_ORDERS = ("replicate-last", "replicate-in-thread")
 
 # One rank: replicate every decoder layer and the root, train next to an unsharded copy, and
 # print one JSON line per model after the patch's status line.
-REPLICATE_AND_TRAIN = """
-import abc, copy, json, sys
-import torch
-import torch.distributed as dist
-from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
-import fsdp_autopatch
-from fsdp_autopatch import _verify
-
-mesh = _verify.init_process_group()
-print(json.dumps({"status": fsdp_autopatch.status().to_dict()}), flush=True)
-for kind in sys.argv[1:]:
-    model = _verify.build_model(kind)
-    original = type(model)
-    reference = copy.deepcopy(model)
-    result = {"model": kind, "abc_in_mro": abc.ABC in original.__mro__}
-    try:
-        for layer in model.base_model.layers:
-            replicate(layer, mesh=mesh)
-        replicate(model, mesh=mesh)
-    except TypeError as error:
-        result.update(replicated=False, error=str(error))
-        print(json.dumps(result), flush=True)
-        continue
-    losses = {model: [], reference: []}
-    optimizers = {net: torch.optim.SGD(net.parameters(), lr=0.1) for net in losses}
-    for step in range(2):
-        for net, optimizer in optimizers.items():
-            loss = net(**_verify.make_batch(kind, step)).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses[net].append(loss.item())
-    wrapper = type(model)
-    result.update(
-        replicated=True,
-        wrapper=_verify.describe_class(wrapper),
-        upstream_bases=wrapper.__bases__ == (ReplicateModule, original),
-        is_replicate_module=isinstance(model, ReplicateModule),
-        original_at_mro_3=wrapper.__mro__[3] is original,
-        layer_wrapper=type(model.base_model.layers[0]).__name__,
-        max_loss_difference=max(abs(a - b) for a, b in zip(losses[model], losses[reference])),
-    )
-    print(json.dumps(result), flush=True)
-dist.destroy_process_group()
-"""
 
 
 def replicate_and_train(order: str, **env: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The patch's status and, per model, what replicate() and a train step did."""
-    code = f"import sys; sys.argv[1:] = {[ABC_HEAD, PLAIN]!r}\n{IMPORTS[order]}{REPLICATE_AND_TRAIN}"
-    result = run_python(code, env=environment(**env), prepared=order in PREPARED_ORDERS)
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = run_program(HERE / "replicate_train.py", spec(*IMPORTS[order]), ABC_HEAD, PLAIN,
+                         env=environment(**env), prepared=order in PREPARED_ORDERS)
     lines = json_lines(result.stdout)
     (status,) = [line["status"] for line in lines if "status" in line]
     return status, {line["model"]: line for line in lines if "model" in line}
@@ -169,59 +111,12 @@ def test_replicate_trains_abc_headed_and_plain_models(
     assert patched[PLAIN]["wrapper"] == unpatched[PLAIN]["wrapper"]
 
 
-MONKEYPATCHED = """
-import abc, json
-import torch.distributed.fsdp, transformers
-from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed._composable.replicate_with_fsdp import ReplicateModule, replicate
-from fsdp_autopatch import _verify
-
-class Plain(nn.Linear):
-    pass
-
-class Head(abc.ABC, nn.Linear):
-    pass
-
-mesh = _verify.init_process_group()
-modules = []
-for cls in (Plain, Head):
-    module = cls(4, 4)
-    try:
-        replicate(module, mesh=mesh)
-        modules.append(module)
-    except TypeError as error:
-        modules.append(None)
-
-def calls():
-    answers = []
-    for module in modules:
-        if module is None:
-            answers.append("not replicated")
-            continue
-        answer = module.reshard()
-        answers.append(answer if isinstance(answer, str) else "torch's reshard")
-    return answers
-
-real = FSDPModule.__dict__["reshard"]
-report = {"before": calls()}
-ReplicateModule.reshard = lambda self: "replicate's " + type(self).__name__  # a name it did not define
-report["added"] = calls()
-FSDPModule.reshard = lambda self: "fsdp's " + type(self).__name__
-report["both"] = calls()
-del ReplicateModule.reshard
-report["removed"] = calls()
-FSDPModule.reshard = real
-report["restored"] = calls()
-print(json.dumps(report))
-"""
 
 
 def test_monkeypatches_of_replicatemodule_reach_abc_modules_as_they_reach_others(
     replicate_builds_classes: None,
 ) -> None:
-    result = run_python(MONKEYPATCHED, prepared=True)
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = run_program(HERE / "replicate_monkeypatched.py", prepared=True)
     (report,) = json_lines(result.stdout)
     assert report == {
         "before": ["torch's reshard"] * 2,
@@ -230,8 +125,8 @@ def test_monkeypatches_of_replicatemodule_reach_abc_modules_as_they_reach_others
         "removed": ["fsdp's ReplicatePlain", "fsdp's ReplicateHead"],
         "restored": ["torch's reshard"] * 2,
     }, report
-    alone = run_python(MONKEYPATCHED, env=environment(FSDP_AUTOPATCH="0"), prepared=True)
-    assert alone.returncode == 0, alone.stderr[-4000:]
+    alone = run_program(HERE / "replicate_monkeypatched.py", env=environment(FSDP_AUTOPATCH="0"),
+                        prepared=True)
     (report,) = json_lines(alone.stdout)
     assert report["added"] == ["replicate's ReplicatePlain",
                                "not replicated" if layout_bug_here() else "replicate's ReplicateHead"]
