@@ -30,7 +30,6 @@ from conftest import (
     make_throwaway,
     own_lines,
     run_program,
-    run_python,
 )
 from harness import build_wheel
 
@@ -98,12 +97,7 @@ def test_either_switch_keeps_the_plugin_route_from_arming(
     assert_unpatched(arm_route(layouts["target"], **switch))
 
 
-IMPORTS_OF_TORCH_ALONE = """
-import json, sys
-import torch, fsdp_autopatch
-print(json.dumps({"ours": sorted(m for m in sys.modules if "fsdp_autopatch" in m),
-                  "wrapt": "wrapt" in sys.modules, "armed_by": fsdp_autopatch.armed_by}))
-"""
+TORCH_ALONE = Path(__file__).with_name("torch_alone_imports.py")
 
 
 @pytest.mark.slow
@@ -114,8 +108,7 @@ def test_both_routes_arm_once_and_torch_alone_loads_nothing_more(
     imports torch alone loads the start-up module and the plugin's module, no wrapt, no hooks."""
     routes = (((), None, fsdp_autopatch.START_FILE_ROUTE), (("-S",), layouts["target"], PLUGIN_ROUTE))
     for flags, path, route in routes:
-        result = run_python(IMPORTS_OF_TORCH_ALONE, *flags, env=environment(PYTHONPATH=path))
-        assert result.returncode == 0, result.stderr[-4000:]
+        result = run_program(TORCH_ALONE, flags=flags, env=environment(PYTHONPATH=path))
         (report,) = json_lines(result.stdout)
         assert report == {"ours": ["_fsdp_autopatch_plugin", "fsdp_autopatch"], "wrapt": False,
                           "armed_by": route}

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from conftest import (
     ROOT,
-    delegating_finder,
     environment,
     fake_torch,
     fake_transformers,
@@ -40,19 +39,12 @@ HEAVY = {"wrapt", "importlib.metadata", "importlib_metadata", "packaging", "logg
          "transformers", "dataclasses", "threading"}
 # Of ours and wrapt's, what a fresh interpreter has loaded, whether the package armed, and its
 # watchers on sys.meta_path; after() first imports what the test names.
-STATE = """
-import json, sys
-state = {
-    "ours": sorted(m for m in sys.modules if m.startswith(("fsdp_autopatch", "wrapt"))),
-    "armed": getattr(sys.modules.get("fsdp_autopatch"), "armed", None),
-    "watchers": [type(f).__name__ for f in sys.meta_path if "fsdp_autopatch" in type(f).__module__],
-}
-print(json.dumps(state))
-"""
+STATE = Path(__file__).with_name("startup_state.py")
 
 
-def after(imports: str) -> str:
-    return f"import {imports}\n{STATE}"
+def spec_of(imports: str) -> str:
+    """``"torch, torch.nn"`` as tests/import_order.py reads it."""
+    return imports.replace(" ", "")
 
 
 def state_of(result: Any) -> dict[str, Any]:
@@ -188,9 +180,8 @@ def test_a_finder_that_asks_every_finder_imports_as_without_the_package(
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site)
     fake_transformers(env.site)
-    finder = delegating_finder(position)
     for mode in (None, "force", "0"):
-        result = env.run(finder + after(imports), FSDP_AUTOPATCH=mode)
+        result = env.run_program(STATE, "--finder", position, spec_of(imports), FSDP_AUTOPATCH=mode)
         state = state_of(result)  # no RecursionError, nothing on stderr
         assert state["watchers"] == [], state
         assert ("fsdp_autopatch._hooks" in state["ours"]) is (mode != "0"), state
@@ -209,7 +200,7 @@ def test_only_fsdp2_or_transformers_arms(tmp_path: Path, installed: Path, import
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site)
     fake_transformers(env.site)
-    state = state_of(env.run(after(imports), FSDP_AUTOPATCH=mode))
+    state = state_of(env.run_program(STATE, spec_of(imports), FSDP_AUTOPATCH=mode))
     arms = imports in fsdp_autopatch.TORCH_MODULES or (imports == "transformers" and mode == "auto")
     if arms:
         assert "wrapt" in state["ours"] and "fsdp_autopatch._hooks" in state["ours"], state
@@ -288,14 +279,6 @@ COUNTERS = {
     "00_arm_counter.pth": "import _arm_counter; _arm_counter.wrap_arm()\n",
     "01_arm_counter.pth": "import _arm_counter; _arm_counter.passes += 1\n",
 }
-COUNTED = """
-import json, sys, _arm_counter, fsdp_autopatch
-print(json.dumps({"calls": _arm_counter.calls, "passes": _arm_counter.passes,
-                  "armed": fsdp_autopatch.armed,
-                  "watchers": sum(type(f).__name__ == "FirstImportWatcher" for f in sys.meta_path)}))
-"""
-
-
 def test_start_up_entry_runs_once(tmp_path: Path, installed: Path) -> None:
     """3.15+: the .start entry point runs once, the .pth import line is suppressed. Before: the
     .pth line runs on every pass over site-packages, and arm() arms once."""
@@ -303,7 +286,7 @@ def test_start_up_entry_runs_once(tmp_path: Path, installed: Path) -> None:
     (env.site / "_arm_counter.py").write_text(COUNTER_MODULE)
     for name, line in COUNTERS.items():
         (env.site / name).write_text(line)
-    result = env.run(COUNTED)
+    result = env.run_program(Path(__file__).with_name("arm_counted.py"))
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
     (counted,) = json_lines(result.stdout)
     assert counted["passes"] >= 1, counted
@@ -324,9 +307,9 @@ def test_off_switch(tmp_path: Path, installed: Path, value: str) -> None:
     fake_transformers(env.site)
     expected = ({"ours": ["fsdp_autopatch"], "armed": False, "watchers": []} if START_FILES
                 else {"ours": [], "armed": None, "watchers": []})
-    assert state_of(env.run(STATE, FSDP_AUTOPATCH=value)) == expected
+    assert state_of(env.run_program(STATE, FSDP_AUTOPATCH=value)) == expected
     imports = "torch.distributed.fsdp, transformers"
-    assert state_of(env.run(after(imports), FSDP_AUTOPATCH=value)) == expected
+    assert state_of(env.run_program(STATE, spec_of(imports), FSDP_AUTOPATCH=value)) == expected
 
 
 @pytest.mark.parametrize("variables", [{}, {"FSDP_AUTOPATCH": "force"}, {"FSDP_AUTOPATCH": "0"}],

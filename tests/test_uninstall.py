@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, environment, json_lines, run_python
+from conftest import ROOT, environment, json_lines, run_program, run_python
 from harness import build_wheel, make_venv
 
 # Builds wheels and runs pip: seconds each, so with the slow tests.
@@ -128,17 +128,6 @@ def _record(event, args):
 
 sys.addaudithook(_record)
 """
-REPORT = """
-import json, sys, _startup_counter
-import fsdp_autopatch
-print(json.dumps({
-    "version": fsdp_autopatch.__version__,
-    "runs": _startup_counter.ours,
-    "passes": _startup_counter.passes,
-    "watchers": sum(type(f).__name__ == "FirstImportWatcher" for f in sys.meta_path),
-    "file": fsdp_autopatch.__file__,
-}))
-"""
 PROBES = {
     # Sorted before fsdp_autopatch.pth, so the counter is in place when our line runs.
     "00_startup_counter.pth": "import _startup_counter\n",
@@ -152,7 +141,8 @@ def started(env: Environment) -> dict[str, object]:
     for name, line in PROBES.items():
         (env.site / name).write_text(line)
     try:
-        result = run_python(REPORT, env=environment(), python=str(env.python))
+        result = run_program(Path(__file__).with_name("startup_report.py"), python=str(env.python),
+                             check=False)
     finally:
         for name in ("_startup_counter.py", *PROBES):
             (env.site / name).unlink()
