@@ -84,22 +84,7 @@ CLI_DOC = DOCS / "cli.md"
 INSTALL_TIMEOUT = 1800
 RUN_TIMEOUT = 900
 
-# Run in the cell's interpreter: which models this transformers can build, and their classes.
-PROBE = """
-import abc, json, sys
-import torch, transformers
-from fsdp_autopatch import _verify
-models = {}
-for kind in _verify.MODELS:
-    try:
-        cls = type(_verify.build_model(kind))
-    except Exception as error:
-        models[kind] = {"available": False, "error": f"{type(error).__name__}: {error}"[:300]}
-    else:
-        models[kind] = {"available": True, "class": cls.__name__, "abc_in_mro": abc.ABC in cls.__mro__}
-print(json.dumps({"python": sys.version.split()[0], "torch": torch.__version__,
-                  "transformers": transformers.__version__, "models": models}))
-"""
+CELL_PROBE = Path(__file__).with_name("cell_probe.py")
 
 Cell = tuple[str, str]
 
@@ -225,7 +210,7 @@ def run_cell(cell: Cell, installer: Installer, wheel: Path, work: Path, keep: bo
                                          str(wheel)])
         record["install_seconds"] = round(time.monotonic() - started, 1)
         # Away from the checkout, so that the installed package is the one imported.
-        probe = run_in_cell([str(python), "-c", PROBE], scrubbed_environment(FSDP_AUTOPATCH="0"), venv)
+        probe = run_in_cell([str(python), str(CELL_PROBE)], scrubbed_environment(FSDP_AUTOPATCH="0"), venv)
         (found,) = _verify.json_lines(probe.stdout)
         record.update(found)
         kinds = [kind for kind, model in found["models"].items() if model["available"]]
@@ -416,27 +401,7 @@ def capture_cli(python: str) -> str:
     return portable_text(f"Captured on {now()}.\n\n```text\n" + "\n".join(shown) + "```")
 
 
-# What the README's API section shows: a tiny sequence classifier sharded on one gloo rank, then
-# the status. The model and the group are the package's own proof's (fsdp_autopatch._verify).
-STATUS_SCRIPT = """
-import json
-
-import torch.distributed as dist
-import torch.distributed.fsdp
-import transformers
-from torch.distributed.fsdp import fully_shard
-
-import fsdp_autopatch
-from fsdp_autopatch import _verify
-
-mesh = _verify.init_process_group()
-model = _verify.build_model("sequence-classification")
-for layer in model.model.layers:
-    fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
-print(json.dumps(fsdp_autopatch.status().to_dict(), indent=2))
-dist.destroy_process_group()
-"""
+README_STATUS = Path(__file__).with_name("readme_status.py")
 
 
 def capture_status(python: str) -> str:
@@ -444,7 +409,7 @@ def capture_status(python: str) -> str:
     ``AutoModelForSequenceClassification`` (its decoder layers, then the root) on gloo with world
     size 1, run with ``python`` (an
     environment with the package installed from its wheel), as the README shows it."""
-    result = subprocess.run([python, "-c", STATUS_SCRIPT], capture_output=True, text=True,
+    result = subprocess.run([python, str(README_STATUS)], capture_output=True, text=True,
                             cwd=Path(python).parent, env=scrubbed_environment(NO_COLOR="1"),
                             timeout=RUN_TIMEOUT, check=False)
     if result.returncode != 0:
