@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from harness import (
+    AFFECTED,
     DOCS,
     README,
     ROOT,
@@ -74,7 +75,6 @@ REDUCED = (("2.8.0", TRANSFORMERS_PIN), (TORCH_PIN, "4.53.3"), (TORCH_PIN, "4.54
 # Every pair of TORCH x TRANSFORMERS resolves (transformers does not pin torch), so none is.
 PRUNED: dict[tuple[str, str], str] = {}
 
-AFFECTED_HEADS = ("token-classification", "sequence-classification", "question-answering")
 MARKERS = ("<!-- matrix:start -->", "<!-- matrix:end -->")
 CLI_MARKERS = ("<!-- cli:start -->", "<!-- cli:end -->")
 API_MARKERS = ("<!-- api:start -->", "<!-- api:end -->")
@@ -252,7 +252,7 @@ def judge(record: dict[str, Any]) -> dict[str, Any]:
     unpatched, patched = record["unpatched"], record["patched"]
     unpatched_models, patched_models = by_model(unpatched), by_model(patched)
     models = record["models"]
-    heads = [kind for kind in AFFECTED_HEADS if models[kind]["available"]]
+    heads = [kind for kind in AFFECTED if models[kind]["available"]]
     # Each head sharded with fully_shard and replicated with composable DDP: the same bug, or none.
     head_runs = _verify.runs(heads)
     problems = []

@@ -147,5 +147,7 @@ def wrapt_floor(session: nox.Session) -> None:
 @nox.session(python=PYTHONS, venv_backend="venv")
 def fast(session: nox.Session) -> None:
     """The tests that need no torch (layout rules, matrix, switches, start-up), per Python."""
-    install_wheel(session, "pytest")
-    session.run("pytest", "-m", "not slow and not stress", *session.posargs, env=REQUIRE)
+    # Two workers: half the wall time is verify's own time-outs and signals being waited
+    # for, which overlap with other tests there.
+    install_wheel(session, "pytest", "pytest-xdist")
+    session.run("pytest", "-n", "2", "-m", "not slow and not stress", *session.posargs, env=REQUIRE)

@@ -35,7 +35,8 @@ from conftest import (
     site_packages,
     verify_at_work,
 )
-from harness import split_importtime
+from harness import AFFECTED, split_importtime
+from verify_output import HEAD_CLASSES
 
 from fsdp_autopatch import _config, _matrix, _verify
 
@@ -44,11 +45,6 @@ DOCTOR_KEYS = {"version", "python", "torch", "transformers", "mode", "in_matrix"
                "layout_known", "layout", "would_apply", "reason", "pth_installed", "start_installed"}
 VERIFY_KEYS = {"exit_code", "ok", "verdict", "warning", "version", "python", "torch", "transformers", "nproc",
                "status", "models", "ranks", "timed_out", "seconds"}
-HEADS = ("token-classification", "sequence-classification", "question-answering")
-# The classes _verify's tiny Qwen2 models are made of, per head.
-HEAD_CLASSES = {"token-classification": "Qwen2ForTokenClassification",
-                "sequence-classification": "Qwen2ForSequenceClassification",
-                "question-answering": "Qwen2ForQuestionAnswering"}
 
 
 def run_cli(
@@ -326,61 +322,6 @@ def test_verify_exits_2_when_torch_has_no_distributed(without_distributed: str) 
         "(the PyPI wheels do)")
 
 
-ALL_TRAINED = "OK: 8 of 8 runs wrapped (FSDP2 fully_shard, composable DDP replicate) and trained"
-
-
-def result_of(row: str, run: str) -> str:
-    """The result column of verify's table row for ``run`` (a run's name may hold a space)."""
-    assert row.startswith(f"{run} "), (row, run)
-    return " ".join(row[len(run):].split()[:-1])
-
-
-def classes_shown(stdout: str) -> list[str]:
-    """The per-rank class lines verify prints between its table and its verdict."""
-    rows = stdout.splitlines()
-    start = rows.index("classes the patch built, per rank:")
-    return [row.strip() for row in rows[start + 1 : -1]]
-
-
-@pytest.mark.slow
-def test_verify_shards_every_model_and_shows_the_bug_without_the_patch(real_torch: dict[str, str]) -> None:
-    fixed = run_cli("verify", command=[str(SCRIPT)])
-    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    rows = fixed.stdout.splitlines()
-    runs = _verify.runs((*HEADS, "causal-lm"))  # each with fully_shard, then with composable DDP
-    assert rows[0].split() == ["model", "result", "seconds"]
-    assert [result_of(row, run) for row, run in zip(rows[1:9], runs)] == ["sharded"] * 8
-    assert "[8/8] causal-lm (DDP): sharded" in fixed.stderr
-    broken = run_cli("verify", command=[str(SCRIPT)], env=environment(FSDP_AUTOPATCH="0"))
-    # The patch is not installed at all: no class goes through a patched site.
-    assert classes_shown(broken.stdout) == [
-        "rank 0: no class went through a patched site (the patch was not applied)"]
-    if not layout_bug_here():
-        # CPython accepts torch's classes: the patch stands aside, and nothing breaks without it.
-        assert rows[-1].startswith(f"{ALL_TRAINED}; no patch was needed")
-        assert "patch not applied: " in fixed.stderr
-        assert broken.returncode == 0, broken.stdout + broken.stderr
-        return
-    assert rows[-1].startswith(f"{ALL_TRAINED}; the patch was applied")
-    assert "patch applied: " in fixed.stderr
-    # Each head got a class built on abc.ABC at each site; the decoder layer and the causal LM
-    # kept torch's.
-    assert classes_shown(fixed.stdout) == [
-        *(f"rank 0: {name} -> {prefix}{name} on abc.ABC" for prefix in ("FSDP", "DDP")
-          for name in HEAD_CLASSES.values()),
-        "rank 0: torch's own class kept for 3: FSDPQwen2DecoderLayer, FSDPQwen2ForCausalLM, "
-        "DDPQwen2ForCausalLM"]
-
-    assert broken.returncode == 1, broken.stdout + broken.stderr
-    rows = broken.stdout.splitlines()
-    expected = (["layout error"] * 3 + ["sharded"]) * 2
-    assert [result_of(row, run) for row, run in zip(rows[1:9], runs)] == expected
-    assert rows[-1].startswith(
-        "FAIL: 6 of 8 runs cannot be used with FSDP2 or DDP (token-classification: __class__ assignment: ")
-    assert rows[-1].endswith("the patch was not applied: disabled by FSDP_AUTOPATCH=0; unset FSDP_AUTOPATCH "
-                             "to let the patch run")
-
-
 @pytest.mark.slow
 def test_verify_json_on_two_ranks_without_torch_in_the_parent(real_torch: dict[str, str]) -> None:
     def verify(**env: Optional[str]) -> dict[str, object]:
@@ -513,7 +454,8 @@ def test_verify_always_runs_the_causal_lm_as_the_control() -> None:
         "token-classification", "causal-lm", "token-classification (DDP)", "causal-lm (DDP)"]
     assert models_to_run(["causal-lm", "question-answering"]) == [
         "causal-lm", "question-answering", "causal-lm (DDP)", "question-answering (DDP)"]
-    assert models_to_run(None) == [*HEADS, "causal-lm", *(f"{kind} (DDP)" for kind in (*HEADS, "causal-lm"))]
+    assert models_to_run(None) == [*AFFECTED, "causal-lm",
+                                   *(f"{kind} (DDP)" for kind in (*AFFECTED, "causal-lm"))]
 
 
 def test_console_writes_to_the_streams_of_the_moment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -547,12 +489,12 @@ def test_the_matrix_grades_by_verifys_rule_and_checks_its_exit_codes() -> None:
         # Every model with fully_shard and with composable DDP, as verify runs them.
         return {"exit_code": code, "verdict": "...", "first_attempt_failed": None,
                 "status": {"applied": patched, "in_matrix": True, "sites": []},
-                "models": [result(run, patched) for run in _verify.runs((*HEADS, "causal-lm"))]}
+                "models": [result(run, patched) for run in _verify.runs((*AFFECTED, "causal-lm"))]}
 
     def judged(patched_code: int, unpatched_code: int) -> list[str]:
         record = {"torch": "2.8.0", "transformers": "4.55.2", "python": "3.11.7",
                   "models": {kind: {"available": True, "abc_in_mro": kind != "causal-lm"}
-                             for kind in (*HEADS, "causal-lm")},
+                             for kind in (*AFFECTED, "causal-lm")},
                   "patched": document(True, patched_code), "unpatched": document(False, unpatched_code)}
         return list(matrix.judge(record)["problems"])
 

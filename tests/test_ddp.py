@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_program
-from harness import RANKS, torchrun
+from harness import AFFECTED, RANKS, torchrun
 from import_order import THREAD, spec
 
 from fsdp_autopatch import DDP_MODULE, _matrix
@@ -23,7 +23,6 @@ from fsdp_autopatch._verify import DDP_SUFFIX
 
 pytestmark = pytest.mark.slow
 
-ABC_HEADS = ("token-classification", "sequence-classification", "question-answering")
 PLAIN = "causal-lm"
 DDP_SITE = f"{DDP_MODULE}.replicate"
 
@@ -66,7 +65,7 @@ def ddp_in_rows(real_torch: dict[str, str]) -> None:
 
 @pytest.mark.parametrize("order", list(IMPORTS))
 def test_replicate_trains_the_affected_heads_and_a_plain_model(order: str, ddp_in_rows: None) -> None:
-    runs = tuple(kind + DDP_SUFFIX for kind in (*ABC_HEADS, PLAIN))
+    runs = tuple(kind + DDP_SUFFIX for kind in (*AFFECTED, PLAIN))
     head, patched = replicate_and_train(order, runs)
     off_head, unpatched = replicate_and_train(order, runs, FSDP_AUTOPATCH="0")
     status = head["status"]
@@ -81,11 +80,11 @@ def test_replicate_trains_the_affected_heads_and_a_plain_model(order: str, ddp_i
     assert patched[plain]["wrapper"] == unpatched[plain]["wrapper"]
     if not layout_bug_here():
         assert status["applied"] is False, status
-        for kind in ABC_HEADS:
+        for kind in AFFECTED:
             assert_trains_like_the_unreplicated_copy(patched[kind + DDP_SUFFIX])
         return
     assert status["applied"] is True and DDP_SITE in status["sites"], status
-    for kind in ABC_HEADS:
+    for kind in AFFECTED:
         run = kind + DDP_SUFFIX
         assert unpatched[run]["sharded"] is False and LAYOUT_ERROR in unpatched[run]["error"]
         assert_trains_like_the_unreplicated_copy(patched[run])

@@ -22,16 +22,21 @@ HERE = Path(__file__).parent
 SITE = "megatron_fsdp.experimental.fully_shard.fully_shard"
 
 
-def run(program: str, *args: str, **env: str) -> dict[str, Any]:
+def run(program: str, *args: str, prepared: bool = False, **env: str) -> dict[str, Any]:
     pytest.importorskip("megatron_fsdp", reason="megatron-fsdp is not installed; the tests session has it")
-    (report,) = json_lines(run_program(HERE / program, *args, env=environment(**env)).stdout)
+    result = run_program(HERE / program, *args, env=environment(**env), prepared=prepared)
+    (report,) = json_lines(result.stdout)
     return report
 
 
 def test_megatron_fsdp_wraps_affected_heads_and_leaves_plain_modules_its_own_class(
     real_torch: dict[str, str]
 ) -> None:
-    alone, patched = run("megatron_wrap.py", FSDP_AUTOPATCH="0"), run("megatron_wrap.py")
+    # Megatron-FSDP imports FSDP2 itself: with the package off, a prepared interpreter (FSDP2 and
+    # transformers imported) is what a fresh one is once megatron_wrap.py has imported them.
+    # Patched, a fresh one: Megatron-FSDP first, then transformers arms the patch.
+    alone = run("megatron_wrap.py", FSDP_AUTOPATCH="0", prepared=True)
+    patched = run("megatron_wrap.py")
     bug = layout_bug_here()
     # Without the package: the layers wrap, the root and the user's ABC module hit the layout error.
     unaided = "layout" if bug else "wrapped"

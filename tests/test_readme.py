@@ -27,14 +27,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, environment, lent_site_packages, repository_file
+from conftest import ROOT, environment, layout_bug_here, lent_site_packages, repository_file
 from harness import README
+from verify_output import assert_verify_shows_the_fix
 
 from fsdp_autopatch._console import SOURCE_URL as PROJECT_URL
 
 TEST_COMMAND = "nox -f tests/noxfile.py -s tests"
 SH_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.S | re.M)
 EXPECTED_EXIT = re.compile(r"#.*\bexit (\d+)\b")
+VERIFY = re.compile(r"fsdp-autopatch verify\b")
 
 
 def sh_blocks(text: str) -> list[str]:
@@ -61,13 +63,29 @@ def script(blocks: list[str], clone: str) -> str:
         for command, expected in commands(block):
             run = command.replace(f"git clone {PROJECT_URL}", clone)
             described = shlex.quote(f"block {number}: {command}")
+            shown = shlex.quote(f"$ {command}")
             lines += [
-                f"echo {shlex.quote('$ ' + command)}",
+                f"echo {shown}; echo {shown} >&2",  # on both streams: per_command() splits there
                 run,
                 f'code=$?; if [ "$code" != {expected} ]; then printf "README COMMAND FAILED (%s): exit %s, '
                 f'the README shows {expected}\\n" {described} "$code" >&2; exit 1; fi',
             ]
     return "\n".join(lines) + "\n"
+
+
+def per_command(text: str, shown: list[str]) -> dict[str, str]:
+    """Each command's share of a stream of the script above: from its ``$ command`` line to the
+    next command's."""
+    parts: dict[str, list[str]] = {}
+    current = None
+    waiting = list(shown)
+    for line in text.splitlines():
+        if waiting and line == f"$ {waiting[0]}":
+            current = waiting.pop(0)
+            parts[current] = []
+        elif current is not None:
+            parts[current].append(line)
+    return {command: "\n".join(lines) + "\n" for command, lines in parts.items()}
 
 
 def test_the_readme_shows_its_commands_in_sh_blocks() -> None:
@@ -120,9 +138,16 @@ def test_the_readme_commands_run_as_printed(
                             timeout=1800, check=False)
     assert result.returncode == 0, (
         f"{result.stderr[-4000:]}\n--- output ---\n{result.stdout[-6000:]}\n--- script ---\n{text}")
-    # The commands ran: verify passed with the patch and failed without it.
-    assert "OK: 8 of 8 runs wrapped" in result.stdout
-    assert "layout error" in result.stdout
+    # The commands ran: verify shards and trains every model with the patch, and shows the bug
+    # without it (the switch off), line by line.
+    shown = [(command, code) for block in blocks for command, code in commands(block)]
+    stdout = per_command(result.stdout, [command for command, _ in shown])
+    stderr = per_command(result.stderr, [command for command, _ in shown])
+    verifies = {"FSDP_AUTOPATCH=0" in command: subprocess.CompletedProcess(command, code, stdout[command],
+                                                                           stderr[command])
+                for command, code in shown if VERIFY.search(command)}
+    assert sorted(verifies) == [False, True], shown
+    assert_verify_shows_the_fix(verifies[False], verifies[True], layout_bug_here())
 
 
 def test_commands_and_their_expected_exit_codes_are_read_from_the_block() -> None:
