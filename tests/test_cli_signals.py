@@ -48,25 +48,7 @@ from fsdp_autopatch._verify_command import STOPS_WITHIN_SECONDS
 EXIT_CLOSED_PIPE = 141
 EXIT_INTERRUPTED = 130
 
-# Stands in for torchrun: says it started (its pid), waits for the go-ahead file, then prints the
-# status line a rank prints first, and the lines of FAKE_TORCHRUN_RESULTS, and waits to be
-# stopped. With FAKE_TORCHRUN_DEAF_RANK (a file) it first starts a "rank" as torchrun does, in a
-# session of its own and holding the pipe, but deaf to SIGTERM; the rank writes its pid there.
-FAKE_TORCHRUN = """\
-import json, os, pathlib, subprocess, sys, time
-DEAF_RANK = ("import os, pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-             "pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(600)")
-if os.environ.get("FAKE_TORCHRUN_DEAF_RANK"):
-    subprocess.Popen([sys.executable, "-c", DEAF_RANK, os.environ["FAKE_TORCHRUN_DEAF_RANK"]],
-                     start_new_session=True)
-pathlib.Path(os.environ["FAKE_TORCHRUN_STARTED"]).write_text(str(os.getpid()))
-go = pathlib.Path(os.environ["FAKE_TORCHRUN_GO"])
-while not go.exists():
-    time.sleep(0.02)
-print(json.dumps({"status": {"applied": False, "reason": "a stand-in for torchrun"}}), flush=True)
-print(os.environ.get("FAKE_TORCHRUN_RESULTS", ""), flush=True)
-time.sleep(600)
-"""
+FAKE_TORCHRUN = Path(__file__).with_name("fake_torchrun.py")
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name == "nt",
                                 reason="POSIX signals and pipes")
@@ -74,12 +56,12 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name == "nt"
 
 @pytest.fixture(scope="module")
 def stand_in(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The python of an environment whose torch's ``torch.distributed.run`` is FAKE_TORCHRUN."""
+    """The python of an environment whose torch's ``torch.distributed.run`` is tests/fake_torchrun.py."""
     throwaway = make_throwaway(tmp_path_factory.mktemp("stand-in") / "venv", installed)
     add_distribution(throwaway.site, "torch", "2.13.0", {
         "torch/__init__.py": '__version__ = "2.13.0"\n',
         "torch/distributed/__init__.py": "",
-        "torch/distributed/run.py": FAKE_TORCHRUN,
+        "torch/distributed/run.py": FAKE_TORCHRUN.read_text(encoding="utf-8"),
     })
     add_distribution(throwaway.site, "transformers", "4.55.2",
                      {"transformers/__init__.py": '__version__ = "4.55.2"\n'})

@@ -253,28 +253,7 @@ def test_torch_alone_loads_nothing_then_fsdp2_patches(real_torch: dict[str, str]
 
 # --- PEP 829: the .start file on Python 3.15+, the .pth line before ----------------------------
 
-# Sorted ahead of fsdp_autopatch.pth: counts the calls of arm() (by whichever file makes them)
-# and the passes over site-packages (CPython 3.11 reads a venv's site-packages twice).
-COUNTER_MODULE = """
-calls = 0
-passes = 0
-
-
-def wrap_arm():
-    import fsdp_autopatch
-
-    real = fsdp_autopatch.arm
-    if getattr(real, "counted", False):
-        return
-
-    def arm():
-        global calls
-        calls += 1
-        real()
-
-    arm.counted = True
-    fsdp_autopatch.arm = arm
-"""
+COUNTER_MODULE = Path(__file__).with_name("arm_counter.py")
 COUNTERS = {
     "00_arm_counter.pth": "import _arm_counter; _arm_counter.wrap_arm()\n",
     "01_arm_counter.pth": "import _arm_counter; _arm_counter.passes += 1\n",
@@ -283,7 +262,7 @@ def test_start_up_entry_runs_once(tmp_path: Path, installed: Path) -> None:
     """3.15+: the .start entry point runs once, the .pth import line is suppressed. Before: the
     .pth line runs on every pass over site-packages, and arm() arms once."""
     env = make_throwaway(tmp_path / "venv", installed)
-    (env.site / "_arm_counter.py").write_text(COUNTER_MODULE)
+    shutil.copy2(COUNTER_MODULE, env.site / "_arm_counter.py")
     for name, line in COUNTERS.items():
         (env.site / name).write_text(line)
     result = env.run_program(Path(__file__).with_name("arm_counted.py"))

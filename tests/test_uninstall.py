@@ -106,28 +106,7 @@ def start_up_lines(site: Path) -> list[str]:
             for line in pth.read_text().splitlines() if "fsdp_autopatch" in line]
 
 
-# Counts how often site.py runs our start-up line, and how often it reads site-packages at all:
-# CPython 3.11 reads a venv's site-packages twice, running every .pth line twice, and the
-# package's arm() makes the repeat a no-op. One line of ours runs once per reading, never more.
-COUNTER_MODULE = """
-import sys
-
-ours = 0
-passes = 0
-
-
-def _record(event, args):
-    global ours
-    source = args[0] if event == "compile" else None
-    if isinstance(source, str):
-        source = source.encode()
-    # The .pth line itself (the bootstrap it execs is compiled separately and not counted).
-    if isinstance(source, bytes) and source.startswith(b"import") and b"fsdp_autopatch" in source:
-        ours += 1
-
-
-sys.addaudithook(_record)
-"""
+COUNTER_MODULE = Path(__file__).with_name("startup_counter.py")
 PROBES = {
     # Sorted before fsdp_autopatch.pth, so the counter is in place when our line runs.
     "00_startup_counter.pth": "import _startup_counter\n",
@@ -137,7 +116,7 @@ PROBES = {
 
 def started(env: Environment) -> dict[str, object]:
     """What a new interpreter of ``env`` shows about the start-up code."""
-    (env.site / "_startup_counter.py").write_text(COUNTER_MODULE)
+    shutil.copy2(COUNTER_MODULE, env.site / "_startup_counter.py")
     for name, line in PROBES.items():
         (env.site / name).write_text(line)
     try:
