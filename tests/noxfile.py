@@ -16,8 +16,11 @@ version installed is pinned in harness.py (``TORCH_PIN``, ``TRANSFORMERS_PIN``, 
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import nox
@@ -44,12 +47,23 @@ nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
 
+# The wheel is pure Python, the same for every session and Python of one nox run: built once.
+_wheels: list[Path] = []
+
+
+def package_wheel(session: nox.Session) -> Path:
+    """The package's wheel built from the checkout (with the first session's pip) for this nox run."""
+    if not _wheels:
+        session.log("building the fsdp-autopatch wheel from the checkout")
+        into = Path(tempfile.mkdtemp(prefix="fsdp-autopatch-wheel-"))
+        atexit.register(shutil.rmtree, into, ignore_errors=True)
+        _wheels.append(build_wheel(into, python=str(Path(session.bin) / "python")))
+    return _wheels[0]
+
+
 def install_wheel(session: nox.Session, *packages: str) -> None:
-    """Build the package's wheel with the session's pip and install it with ``packages``."""
-    python = str(Path(session.bin) / "python")
-    session.log("building the fsdp-autopatch wheel from the checkout")
-    wheel = build_wheel(Path(session.create_tmp()) / "dist", python=python)
-    session.install(str(wheel), *packages)
+    """Install the package's wheel with ``packages``."""
+    session.install(str(package_wheel(session)), *packages)
     # From the checkout's root, where test paths given after "--" are meant; pytest puts tests/
     # (not the root) on sys.path, so the package under test is the installed wheel.
     session.chdir(ROOT)
@@ -77,8 +91,7 @@ def module(session: nox.Session) -> None:
     again only when they change."""
     if not session.posargs:
         session.error("name the tests to run after --, e.g. -- tests/test_hooks.py")
-    python = str(Path(session.bin) / "python")
-    wheel = build_wheel(Path(session.create_tmp()) / "dist", python=python)
+    wheel = package_wheel(session)
     # The package's own dependencies are declared in pyproject.toml: a change there reinstalls too.
     stamp = Path(session.virtualenv.location) / "fsdp-autopatch-requirements.txt"
     wanted = "\n".join((*TESTS_REQUIREMENTS, (ROOT / "pyproject.toml").read_text(encoding="utf-8")))
