@@ -124,6 +124,21 @@ def repository_file(relative: str) -> Path:
     return path
 
 
+def _run(
+    command: list[str], request: dict[str, Any], flags: tuple[str, ...], env: Optional[dict[str, str]],
+    python: str, cwd: Optional[Path], timeout: float, prepared: bool,
+) -> subprocess.CompletedProcess[str]:
+    """``python *flags *command`` in a fresh interpreter away from the checkout, or ``request`` in
+    a child of the prepared interpreter for ``env`` (tests/prepared.py)."""
+    env = environment() if env is None else env
+    cwd = cwd or site_packages().parent
+    if prepared:
+        assert not flags and python == sys.executable, "a prepared interpreter takes no flags"
+        return prepared_interpreter(env).run(request, env, cwd, timeout)
+    return subprocess.run([python, *flags, *command], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=timeout, check=False)
+
+
 def run_python(
     code: str = "pass",
     *flags: str,
@@ -136,15 +151,7 @@ def run_python(
     """Run ``code`` in a fresh interpreter (``python *flags -c code``) away from the checkout;
     ``prepared``: in a child of the prepared interpreter for ``env`` instead (tests/prepared.py)."""
     code = textwrap.dedent(code)
-    env = environment() if env is None else env
-    cwd = cwd or site_packages().parent
-    if prepared:
-        assert not flags and python == sys.executable, "a prepared interpreter takes no flags"
-        return prepared_interpreter(env).run({"code": code, "args": []}, env, cwd, timeout)
-    return subprocess.run(
-        [python, *flags, "-c", code], capture_output=True, text=True, env=env, cwd=cwd,
-        timeout=timeout, check=False,
-    )
+    return _run(["-c", code], {"code": code, "args": []}, flags, env, python, cwd, timeout, prepared)
 
 
 def run_program(
@@ -154,19 +161,10 @@ def run_program(
     """Run a program file of tests/ (``python *flags program *args``) in a fresh interpreter of
     this environment (or ``python``), away from the checkout, or, ``prepared``, in a child of the
     prepared interpreter for ``env``; fail with its stderr if it fails (unless not ``check``)."""
-    env = environment() if env is None else env
-    cwd = site_packages().parent
-    if prepared:
-        assert not flags and python == sys.executable, "a prepared interpreter takes no flags"
-        result = prepared_interpreter(env).run(
-            {"program": str(program), "args": list(args)}, env, cwd, timeout)
-    else:
-        result = subprocess.run(
-            [python, *flags, str(program), *args], capture_output=True, text=True,
-            env=env, timeout=timeout, check=False, cwd=cwd,
-        )
+    result = _run([str(program), *args], {"program": str(program), "args": list(args)}, flags, env,
+                  python, None, timeout, prepared)
     assert not check or result.returncode == 0, (f"{program.name} {args} exited {result.returncode}:\n"
-                                                      f"{result.stderr[-4000:]}")
+                                                 f"{result.stderr[-4000:]}")
     return result
 
 
