@@ -37,7 +37,15 @@ def _at_exit(log: str) -> None:
     }) + "\n")
 
 
+_started_in: list[int] = []
+
+
 def start(log: str) -> None:
+    # A process can read the start-up file twice (site.addsitedir of a directory that holds it,
+    # as pip's build environments and the README test's linked environment do): count it once.
+    if os.getpid() in _started_in:
+        return
+    _started_in.append(os.getpid())
     try:
         _append(log, f'{{"event": "start", "pid": {os.getpid()}}}\n')
         atexit.register(_at_exit, log)
