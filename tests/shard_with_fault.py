@@ -11,6 +11,7 @@ reads them (FSDP2, then transformers, by default).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from typing import Any, Callable
@@ -22,22 +23,17 @@ FULLY_SHARD = "torch.distributed.fsdp._fully_shard._fully_shard"
 moved: dict[str, Any] = {}
 
 
-def failing_install() -> None:
-    import fsdp_autopatch._patch as patch
+def raising(module: str, name: str, error: type[Exception]) -> Callable[[], None]:
+    """A fault: the package's ``module.name`` replaced by a function that raises ``error``
+    with the message "injected: name"."""
 
-    def install(construction: Any) -> None:
-        raise RuntimeError("injected: install")
+    def inject() -> None:
+        def fail(*args: Any, **kwargs: Any) -> None:
+            raise error(f"injected: {name}")
 
-    patch.install = install
+        setattr(importlib.import_module(module), name, fail)
 
-
-def failing_decide() -> None:
-    import fsdp_autopatch._matrix as matrix
-
-    def decide(*args: Any, **kwargs: Any) -> None:
-        raise ValueError("injected: decide")
-
-    matrix.decide = decide
+    return inject
 
 
 def failing_replicate_site() -> None:
@@ -54,15 +50,6 @@ def failing_replicate_site() -> None:
     patch.install = install
 
 
-def failing_wrapper_class() -> None:
-    import fsdp_autopatch._layout as layout
-
-    def wrapper_class(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("injected: wrapper_class")
-
-    layout.wrapper_class = wrapper_class
-
-
 def hide_fsdp_names() -> None:
     # torch "moves" the names this package patches: they are gone from the module's globals when
     # the package's hook looks, as they would be in a torch release that renamed them.
@@ -77,10 +64,10 @@ def hide_fsdp_names() -> None:
 
 
 FAULTS: dict[str, Callable[[], None]] = {
-    "install": failing_install,
-    "decide": failing_decide,
+    "install": raising("fsdp_autopatch._patch", "install", RuntimeError),
+    "decide": raising("fsdp_autopatch._matrix", "decide", ValueError),
     "replicate site": failing_replicate_site,
-    "wrapper_class": failing_wrapper_class,
+    "wrapper_class": raising("fsdp_autopatch._layout", "wrapper_class", RuntimeError),
     "hide fsdp names": hide_fsdp_names,
 }
 

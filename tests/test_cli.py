@@ -489,12 +489,12 @@ def test_the_matrix_grades_by_verifys_rule_and_checks_its_exit_codes() -> None:
         # Every model with fully_shard and with composable DDP, as verify runs them.
         return {"exit_code": code, "verdict": "...", "first_attempt_failed": None,
                 "status": {"applied": patched, "in_matrix": True, "sites": []},
-                "models": [result(run, patched) for run in _verify.runs((*AFFECTED, "causal-lm"))]}
+                "models": [result(run, patched) for run in _verify.runs(_verify.MODELS)]}
 
     def judged(patched_code: int, unpatched_code: int) -> list[str]:
         record = {"torch": "2.8.0", "transformers": "4.55.2", "python": "3.11.7",
                   "models": {kind: {"available": True, "abc_in_mro": kind != "causal-lm"}
-                             for kind in (*AFFECTED, "causal-lm")},
+                             for kind in _verify.MODELS},
                   "patched": document(True, patched_code), "unpatched": document(False, unpatched_code)}
         return list(matrix.judge(record)["problems"])
 
