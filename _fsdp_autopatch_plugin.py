@@ -10,31 +10,31 @@ ran, ``arm()`` returns at once: arming happens once.
 torch turns anything that loading or calling an entry point raises into a failed ``import
 torch``, for everyone in the environment. So this module sits at the root of site-packages, apart
 from the package (like setuptools' ``_distutils_hack``): loading it imports only ``sys``, even
-where the package is broken or half removed. ``arm`` catches everything, prints nothing, and
-imports only the start-up module, which arms with the standard library: wrapt and the hooks load
-later, when FSDP2, composable DDP or transformers is imported, as under the ``.pth``.
+where the package is broken or half removed. ``arm`` catches everything, prints nothing, keeps
+what it caught in ``error`` (``status()`` names it), and imports only the start-up module, which
+arms with the standard library: wrapt and the hooks load later, when FSDP2, composable DDP or
+transformers is imported, as under the ``.pth``.
 """
 
 import sys
 
 PACKAGE = "fsdp_autopatch"
-ROUTE = "torch's plugin entry point (torch.backends)"
+# What arming caught here ("<type>: <message>"), where the package itself could not keep it.
+error = None
 
 
 def arm() -> None:
     """The entry point torch calls."""
+    global error
     try:
         package = sys.modules.get(PACKAGE)
-        start = getattr(package, "arm", None)
-        if start is None:
-            if package is not None:
-                # torch ran the entry point while the start-up module itself was being imported
-                # (an import hook that imports torch first): it arms when its import ends.
-                package.arm_when_imported = ROUTE  # type: ignore[attr-defined]
-                return
-            import fsdp_autopatch
+        if package is not None and not hasattr(package, "arm"):
+            # torch ran the entry point while the start-up module itself was being imported
+            # (an import hook that imports torch first): it arms when its import ends.
+            package.arm_when_imported = True  # type: ignore[attr-defined]
+            return
+        import fsdp_autopatch
 
-            start = fsdp_autopatch.arm
-        start(ROUTE)
-    except Exception:  # import torch must never fail because of this package
-        pass
+        fsdp_autopatch.arm(fsdp_autopatch.PLUGIN_ROUTE)
+    except Exception as caught:  # import torch must never fail because of this package
+        error = f"{type(caught).__name__}: {caught}"

@@ -23,8 +23,8 @@ import os
 import sys
 
 # Set on this module by torch's plugin route if torch runs it before this code has run (an
-# import hook that imports torch first); the end of this module then arms.
-arm_when_imported = globals().get("arm_when_imported")
+# import hook that imports torch first): the end of this module then arms by that route.
+arm_when_imported = globals().get("arm_when_imported", False)
 
 MODE_VARIABLE = "FSDP_AUTOPATCH"
 # The values start-up must tell apart without importing _config, which takes them from here.
@@ -50,11 +50,25 @@ WATCHED_MODULES = (*TORCH_MODULES, MEGATRON_FSDP_MODULE)
 # Only its version decides, in auto mode; its model imports load torch.distributed.fsdp anyway.
 TRANSFORMERS = "transformers"
 
-# Set by arm(); read by status() and doctor: which route armed this interpreter.
+# The routes that arm an interpreter, as status(), doctor and verify name them. Python 3.15+
+# (PEP 829) runs the .start file's entry point instead of the .pth import line.
+START_FILE = "fsdp_autopatch.start" if sys.version_info >= (3, 15) else "fsdp_autopatch.pth"
+START_FILE_ROUTE = f"{START_FILE} at interpreter start"
+PLUGIN_ROUTE = "torch's plugin entry point at import torch"
+APPLY_ROUTE = "fsdp_autopatch.apply()"
+
+# Set by arm(); read by status() and doctor: which route armed this interpreter, and what
+# arming caught where it failed ("<route>: <type>: <message>"; the first failure is kept).
 armed = False
 armed_by = None
-# Python 3.15+ (PEP 829) runs the .start file's entry point instead of the .pth import line.
-START_FILE_ROUTE = "fsdp_autopatch.start" if sys.version_info >= (3, 15) else "fsdp_autopatch.pth"
+startup_error = None
+
+
+def keep_error(route: str, error: BaseException) -> None:
+    """Keep what a start-up step caught, for status() and doctor: they name it, nothing prints it."""
+    global startup_error
+    if startup_error is None:
+        startup_error = f"{route}: {type(error).__name__}: {error}"
 
 
 class FirstImportWatcher:
@@ -206,8 +220,8 @@ def register_hooks() -> None:
         from fsdp_autopatch import _config, _hooks
 
         _hooks.watch(_config.mode_from_environment())
-    except Exception:  # a half-removed package must not break the user's import
-        pass
+    except Exception as error:  # a half-removed package must not break the user's import
+        keep_error("registering the import hooks", error)
 
 
 def notify_loaded(module: object) -> None:
@@ -215,8 +229,8 @@ def notify_loaded(module: object) -> None:
         from fsdp_autopatch import _hooks
 
         _hooks.notify_loaded(module)
-    except Exception:
-        pass
+    except Exception as error:
+        keep_error(f"the import hooks for {getattr(module, '__name__', '?')}", error)
 
 
 def remove_watcher(watcher: object) -> None:
@@ -238,15 +252,17 @@ def arm(route: str = START_FILE_ROUTE) -> None:
         # plugin route cannot.
         if value in OFF_VALUES:
             return
-        armed, armed_by = True, route
         names = WATCHED_MODULES if value in FORCE_VALUES else (*WATCHED_MODULES, TRANSFORMERS)
         if any(name in sys.modules for name in names):
+            armed, armed_by = True, route
             register_hooks()
             return
         sys.meta_path.insert(0, FirstImportWatcher(names))
+        # Armed only once the watcher is in place: where this failed, a later route tries again.
+        armed, armed_by = True, route
         register_fork_handler()
-    except Exception:  # start-up must never fail because of this package
-        pass
+    except Exception as error:  # start-up must never fail because of this package
+        keep_error(route, error)
 
 
 _fork_handler_registered = False
@@ -291,5 +307,5 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'fsdp_autopatch' has no attribute {name!r}")
 
 
-if arm_when_imported is not None:
-    arm(arm_when_imported)
+if arm_when_imported:
+    arm(PLUGIN_ROUTE)

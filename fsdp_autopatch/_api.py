@@ -3,11 +3,17 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import fsdp_autopatch
 from fsdp_autopatch import _config, _hooks
 from fsdp_autopatch._hooks import Status
 
 __all__ = ["Status", "apply", "status"]
+
+# torch's plugin route: the module of its entry point, at the root of site-packages.
+PLUGIN_MODULE = "_fsdp_autopatch_plugin"
 
 
 def apply(force: bool = False) -> Status:
@@ -24,6 +30,8 @@ def apply(force: bool = False) -> Status:
         if force:
             mode = _config.Mode(_config.FORCE, mode.raw)
         fsdp_autopatch.disarm()
+        if not fsdp_autopatch.armed:
+            fsdp_autopatch.armed, fsdp_autopatch.armed_by = True, fsdp_autopatch.APPLY_ROUTE
         _hooks.watch(mode)
     return status()
 
@@ -31,7 +39,7 @@ def apply(force: bool = False) -> Status:
 def status() -> Status:
     """What the patch did in this process: ``applied``, ``reason``, ``mode``, versions,
     ``decided_by`` (``"probe"``: torch and CPython were asked; ``"matrix"``: the version rows
-    answered), ``to_dict()``."""
+    answered), ``armed_by`` (the route that armed it), ``to_dict()``."""
     current = _hooks.current_status()
     if current is not None:
         return current
@@ -39,11 +47,33 @@ def status() -> Status:
     if mode.name == _config.OFF:
         reason = f"disabled by {_config.MODE_VARIABLE}={mode.raw}"
     elif fsdp_autopatch.armed:
-        reason = ("armed: waiting for the first import of FSDP2 (torch.distributed.fsdp), composable DDP "
-                  f"({fsdp_autopatch.DDP_MODULE}) or transformers")
+        reason = f"armed: waiting for the first import of {_hooks.waited_for()} or transformers"
     else:
-        reason = ("not armed: fsdp_autopatch.pth did not run in this interpreter (python -S, "
-                  "PYTHONPATH or --target install?), and torch's plugin entry point has not armed it "
-                  "(torch not imported yet, torch before 2.5, or TORCH_DEVICE_BACKEND_AUTOLOAD=0); "
-                  "call fsdp_autopatch.apply()")
-    return Status(False, reason, mode.name)
+        reason = f"not armed: {not_armed_because()}; call fsdp_autopatch.apply()"
+    return Status(False, reason, mode.name, armed_by=fsdp_autopatch.armed_by)
+
+
+def not_armed_because() -> str:
+    """Why neither the start-up file nor torch's plugin entry point armed this interpreter, as
+    far as it can tell itself."""
+    plugin = sys.modules.get(PLUGIN_MODULE)
+    failed = fsdp_autopatch.startup_error or (plugin and getattr(plugin, "error", None))
+    if failed:
+        return f"arming failed ({failed})"
+    start = ("python -S reads no start-up file" if sys.flags.no_site else
+             f"{fsdp_autopatch.START_FILE} was not read (it is read only in a site directory)")
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return f"{start}, and torch, whose plugin entry point arms it, is not imported yet"
+    switch = _config.PLUGIN_SWITCH
+    if os.environ.get(switch, "1") != "1":
+        return f"{start}, and {switch}={os.environ[switch]} turns off torch's plugins"
+    try:
+        from fsdp_autopatch import _matrix
+
+        older = _matrix.release(str(torch.__version__)) < _matrix.PLUGIN_FIRST_TORCH
+    except (AttributeError, ValueError):
+        older = False
+    if older:
+        return f"{start}, and torch {torch.__version__} calls no plugin entry points (torch 2.5+ does)"
+    return f"{start}, and torch's plugin entry point of fsdp-autopatch did not run (is it installed?)"

@@ -1,4 +1,4 @@
-"""Configuration: the ``FSDP_AUTOPATCH`` and ``FSDP_AUTOPATCH_LOG`` switches.
+"""Configuration: the ``FSDP_AUTOPATCH`` and ``FSDP_AUTOPATCH_LOG`` switches (and torch's plugin switch).
 
 Loaded with the hooks, never at start-up: the start-up module tells the off and force values
 apart itself, and they are defined there. Standard library only; nothing here raises or prints.
@@ -9,6 +9,9 @@ import os
 from fsdp_autopatch import FORCE_VALUES, MODE_VARIABLE, OFF_VALUES
 
 LOG_VARIABLE = "FSDP_AUTOPATCH_LOG"
+# torch's own switch for every plugin entry point, the package's among them: "1", its default,
+# loads them at the end of import torch (torch/__init__.py, _import_device_backends).
+PLUGIN_SWITCH = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 
 AUTO = "auto"
 OFF = "off"
@@ -44,20 +47,27 @@ def parse_mode(raw: "str | None") -> Mode:
         return Mode(OFF, raw)
     if value in FORCE_VALUES:
         return Mode(FORCE, raw)
+    problem = ignoring(MODE_VARIABLE, text, "auto|1|on|true, 0|off|false|no|disable, force (running in "
+                       "auto mode)")
+    return Mode(AUTO, raw, problem)
+
+
+def ignoring(variable: str, text: str, accepted: str) -> str:
+    """The one line that says a switch's value is not one it knows, and which values are."""
     shown = text if len(text) <= _SHOWN_VALUE_LIMIT else text[:_SHOWN_VALUE_LIMIT] + "..."
     # ascii(): stderr may not be able to encode what the user typed.
-    problem = (
-        f"fsdp-autopatch: ignoring {MODE_VARIABLE}={shown!a}; use one of "
-        f"auto|1|on|true, 0|off|false|no|disable, force (running in auto mode)"
-    )
-    return Mode(AUTO, raw, problem)
+    return f"fsdp-autopatch: ignoring {variable}={shown!a}; use one of {accepted}"
 
 
 def mode_from_environment() -> Mode:
     return parse_mode(os.environ.get(MODE_VARIABLE))
 
 
-def log_level_from_environment() -> "str | None":
-    """The requested log level name, or None for silence (unset or unrecognised)."""
-    value = os.environ.get(LOG_VARIABLE, "").strip().lower()
-    return value if value in LOG_LEVELS else None
+def log_level_from_environment() -> "tuple[str | None, str]":
+    """The requested log level name (None: silence), and a one-line complaint about a value it
+    does not know (``""`` when unset or known)."""
+    text = os.environ.get(LOG_VARIABLE, "")
+    value = text.strip().lower()
+    if value in LOG_LEVELS:
+        return value, ""
+    return None, ignoring(LOG_VARIABLE, text, ", ".join(LOG_LEVELS)) if value else ""

@@ -15,26 +15,23 @@ PROG = "fsdp-autopatch"
 DISTRIBUTION = "fsdp-autopatch"
 PACKAGES = ("torch", "transformers")
 
-# pyproject.toml's [project.urls] Source; tests/test_cli_help.py keeps the two in step.
+# pyproject.toml's [project.urls] Source; tests/test_cli_help.py keeps the two in step. The
+# package is not on PyPI: a bare "pip install fsdp-autopatch" would find nothing (or someone
+# else's upload), so every install the command suggests names the repository.
 SOURCE_URL = "https://github.com/fsdp-autopatch/fsdp-autopatch"
-# The package is not on PyPI: a bare "pip install fsdp-autopatch" would find nothing (or
-# someone else's upload), so every install the command suggests names the repository.
 INSTALL_REQUIREMENT = f"fsdp-autopatch @ git+{SOURCE_URL}"
 INSTALL_COMMAND = f'pip install "{INSTALL_REQUIREMENT}"'
 REINSTALL_COMMAND = f'pip install --force-reinstall "{INSTALL_REQUIREMENT}"'
 
+# The exit codes, each a verdict: OK; the bug is here and not fixed (doctor's PROBLEM, verify's
+# FAIL); no verdict (doctor's CANNOT TELL, verify cannot run here, a usage error, which is
+# argparse's 2 too); what a shell reports for a coreutils command whose reader went away (128 +
+# SIGPIPE: Python ignores SIGPIPE, so the command says it with its code) and for Ctrl-C (128 +
+# SIGINT).
 EXIT_OK = 0
-# doctor --strict: the bug is present (or FSDP_AUTOPATCH=force asks for the patch) and the
-# patch will not be applied; verify: a model failed, or a rank crashed while sharding.
 EXIT_BROKEN = 1
-# No verdict: a usage error (argparse's code), verify cannot run here, or doctor cannot tell
-# from files alone (a torch newer than the matrix, an FSDP2 layout it does not recognise, a
-# source tree instead of an installation).
 EXIT_CANNOT_TELL = 2
-# 128 + SIGPIPE: what a shell reports for a coreutils command whose reader went away
-# (``yes | head -1``). Python ignores SIGPIPE, so the command says it with its exit code.
 EXIT_CLOSED_PIPE = 141
-# 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C.
 EXIT_INTERRUPTED = 130
 
 
@@ -49,17 +46,14 @@ class Terminated(SystemExit):
 
 class Console:
     """Where output goes: details and progress can be silenced, verdicts and warnings cannot.
-
-    The streams are looked up when something is written, not when the console is made, so that
-    output follows ``sys.stdout``/``sys.stderr`` when a caller (or a test) replaces them.
-    """
+    The streams are looked up at each write, so output follows ``sys.stdout``/``sys.stderr``
+    when a caller (or a test) replaces them."""
 
     COLOURS: ClassVar[dict[str, str]] = {"green": "32", "red": "31", "yellow": "33", "bold": "1", "dim": "2"}
 
     def __init__(self, quiet: bool, out: Optional[IO[str]] = None, err: Optional[IO[str]] = None) -> None:
         self.quiet = quiet
-        self._out = out
-        self._err = err
+        self._out, self._err = out, err
 
     @property
     def out(self) -> IO[str]:
@@ -70,7 +64,10 @@ class Console:
         return self._err if self._err is not None else sys.stderr
 
     def paint(self, text: str, colour: str, on_err: bool = False) -> str:
-        if not colour_wanted(self.err if on_err else self.out):
+        stream = self.err if on_err else self.out
+        # https://no-color.org; TERM=dumb is what editors and some CI runners set for plain terminals.
+        if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb" or not getattr(
+                stream, "isatty", lambda: False)():
             return text
         return f"\x1b[{self.COLOURS[colour]}m{text}\x1b[0m"
 
@@ -93,16 +90,6 @@ def write(stream: Optional[IO[str]], text: str) -> None:
     # pythonw and some service managers run with sys.stdout/sys.stderr set to None.
     if stream is not None:
         print(text, file=stream, flush=True)
-
-
-def colour_wanted(stream: IO[str]) -> bool:
-    # https://no-color.org; TERM=dumb is what editors and some CI runners set for plain terminals.
-    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
-        return False
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def installed_version(package: str) -> Optional[str]:

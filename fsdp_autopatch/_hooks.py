@@ -6,14 +6,16 @@ whether everything needed is now loaded, asks torch and CPython whether the bug 
 version matrix answers where they cannot be asked), and installs the patch at every site of
 ``_sites`` that the loaded torch has: FSDP2 ``fully_shard``, FSDP2 ``replicate`` and composable
 DDP ``replicate``, each as soon as its module is imported.
-Nothing here lets an exception reach the user's ``import``: a failure is logged once, recorded
-in ``status().reason``, and the program goes on unpatched.
+Nothing here lets an exception reach the user's ``import``: a failure is recorded in
+``status().reason`` and logged, and the program goes on unpatched. Where the bug is here and
+the fix cannot run, the user reads one line on stderr (``_say_cannot_fix``); otherwise nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import threading
 import time
@@ -47,6 +49,9 @@ class Status:
     # and how many did in all.
     classes: tuple[_patch.ClassRecord, ...] = ()
     classes_seen: int = 0
+    # The route that armed this interpreter (fsdp_autopatch.START_FILE_ROUTE, PLUGIN_ROUTE or
+    # APPLY_ROUTE), None where nothing did.
+    armed_by: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         """The status as plain JSON types."""
@@ -86,9 +91,9 @@ def watch(mode: _config.Mode) -> None:
         if not first and (mode.name != _config.FORCE or _status.mode == _config.FORCE):  # type: ignore[union-attr]
             return
         if first:
-            _configure_logging()
-            if mode.problem:
-                _write_stderr(mode.problem)
+            for problem in (mode.problem, _configure_logging()):
+                if problem:
+                    _write_stderr(problem)
         if mode.name == _config.OFF:
             _status = Status(False, f"disabled by {_config.MODE_VARIABLE}={mode.raw}", mode.name)
             return
@@ -100,8 +105,10 @@ def watch(mode: _config.Mode) -> None:
     try:
         import wrapt
     except Exception as error:
-        _give_up(f"wrapt could not be imported ({type(error).__name__}: {error}); "
-                 "reinstall it with: pip install wrapt")
+        missing = isinstance(error, ModuleNotFoundError) and error.name == "wrapt"
+        _give_up("wrapt is not installed" if missing else
+                 f"wrapt cannot be imported ({type(error).__name__}: {error})",
+                 "pip install wrapt" if missing else "pip install --force-reinstall wrapt")
         return
     names = _sites.WATCHED_MODULES if mode.name == _config.FORCE else (*_sites.WATCHED_MODULES, TRANSFORMERS)
     # Registered now, whatever is imported yet, so that wrapt sees every later import of them (in
@@ -112,7 +119,8 @@ def watch(mode: _config.Mode) -> None:
             try:
                 wrapt.register_post_import_hook(on_import, name)
             except Exception as error:
-                _give_up(f"could not register an import hook for {name}: {error}")
+                _give_up(f"wrapt could not register an import hook for {name} ({type(error).__name__}: "
+                         f"{error})", "pip install --force-reinstall wrapt")
                 return
     finally:
         _registering.active = False
@@ -124,7 +132,8 @@ def on_import(module: object) -> None:
         if not _deferred(module):
             try_install(module)
     except Exception as error:
-        _give_up(f"the patch failed ({type(error).__name__}: {error}); running unpatched")
+        _give_up(f"the patch failed ({type(error).__name__}: {error})",
+                 f"set {_config.LOG_VARIABLE}=debug for details, and report it")
 
 
 def _deferred(module: Any) -> bool:
@@ -173,15 +182,16 @@ def try_install(just_ran: Optional[object] = None) -> None:
             _decision = _matrix.Decision(False, no_fsdp2, False, _matrix.MATRIX)
             _status.torch, _status.reason = torch_version, no_fsdp2
             _status.in_matrix, _status.decided_by = False, _matrix.MATRIX
-            logger.info("%s", no_fsdp2)
+            logger.debug("%s", no_fsdp2)
             return
         loaded = {api: _patch.resolve_api(api, just_ran) for api in _sites.APIS if api not in _settled}
-        for api, problem in _unknown_layouts(loaded, torch_version, just_ran).items():
-            _site_failed(api, problem)
+        for api, (problem, remedy) in _unknown_layouts(loaded, torch_version, just_ran).items():
+            _site_failed(api, problem, remedy)
             del loaded[api]
         if _decision is None:
             first = next((construction for construction in loaded.values() if construction), None)
-            if first is None or (mode != _config.FORCE and TRANSFORMERS not in sys.modules):
+            ready = mode == _config.FORCE or TRANSFORMERS in sys.modules
+            if not ready or (first is None and not _problems):
                 # Only transformers' version is needed, and that is set first thing in its __init__.
                 _status.torch = _status.torch or torch_version
                 if TRANSFORMERS in sys.modules:
@@ -191,13 +201,19 @@ def try_install(just_ran: Optional[object] = None) -> None:
             transformers_version, transformers_note = (
                 _version_of(TRANSFORMERS) if TRANSFORMERS in sys.modules else (None, ""))
             _status.torch, _status.transformers = torch_version, transformers_version
-            _decision = _matrix.decide(mode, torch_version, transformers_version,
-                                       lambda: _patch.probe_layout_bug(first))
+            # Where no site of this torch can be run, the version rows answer.
+            probe = None if first is None else (lambda: _patch.probe_layout_bug(first))
+            _decision = _matrix.decide(mode, torch_version, transformers_version, probe)
             _status.in_matrix, _status.decided_by = _decision.in_matrix, _decision.decided_by
             _status.reason = _with_problems("".join((torch_note, transformers_note, _decision.reason)))
+            logger.debug("%spatching%s: %s", "" if _decision.apply else "not ", _decided_by(_decision),
+                         _status.reason)
+            if _bug_here() and _problems:
+                api, (problem, remedy) = next(iter(_problems.items()))
+                _say_cannot_fix(api, problem, remedy)
+            elif _decision.cannot_tell:
+                _say_cannot_fix(None, _decision.reason)
             if not _decision.apply:
-                log = logger.warning if _decision.cannot_tell else logger.info
-                log("not patching%s: %s", _decided_by(_decision), _status.reason)
                 return
         for api, construction in loaded.items():
             if construction is None:
@@ -207,34 +223,44 @@ def try_install(just_ran: Optional[object] = None) -> None:
             if problem is None:
                 _status.applied = True
                 _status.sites += (construction.site.name,)
-                logger.info("patched %s for ABC-based modules at %s%s: %s", api, construction.site.name,
-                            _decided_by(_decision), _status.reason)
+                logger.debug("patched %s at %s", api, construction.site.name)
             else:
-                _site_failed(api, f"{problem}; upgrade fsdp-autopatch, or report it")
+                _site_failed(api, problem, "upgrade fsdp-autopatch, or report it")
 
 
-# What keeps each API unpatched (an unknown layout, a failed self-check), said once and kept at
-# the end of the status's reason.
-_problems: dict[str, str] = {}
+# What keeps each API unpatched (an unknown layout, a failed self-check): the problem and its
+# remedy, said once and kept at the end of the status's reason.
+_problems: dict[str, tuple[str, str]] = {}
 
 
-def _site_failed(api: str, problem: str) -> None:
-    """Say once, in the status and the log, that ``api`` runs unpatched and why."""
+def _site_failed(api: str, problem: str, remedy: str) -> None:
+    """Record that ``api`` runs unpatched and why; tell the user where the bug is here."""
     _settled.add(api)
-    message = f"{api} runs unpatched: {problem}"
-    _problems[api] = message
+    _problems[api] = (problem, remedy)
     if _status is not None:
-        _status.reason += f"; {message}"
-    logger.warning("%s", message)
+        _status.reason += f"; {_unpatched(api, problem, remedy)}"
+    logger.warning("%s", _unpatched(api, problem, remedy))
+    if _bug_here():
+        _say_cannot_fix(api, problem, remedy)
+
+
+def _bug_here() -> bool:
+    """Has the decision found the bug here (or could it not rule it out)?"""
+    return _decision is not None and (_decision.apply or _decision.cannot_tell)
+
+
+def _unpatched(api: str, problem: str, remedy: str) -> str:
+    return f"{api} runs unpatched: {problem}; {remedy}"
 
 
 def _with_problems(reason: str) -> str:
-    return "; ".join((reason, *_problems.values()))
+    return "; ".join((reason, *(_unpatched(api, *problem) for api, problem in _problems.items())))
 
 
 def _torch_without_fsdp2(torch_version: Optional[str], just_ran: Optional[object]) -> Optional[str]:
     """What to say once an FSDP2 package is imported from a torch the rows show without FSDP2."""
-    if all(_patch.loaded(name, just_ran) is None for name in _sites.FSDP2_PACKAGES):
+    packages = {site.package for site in _sites.sites_of(_sites.FULLY_SHARD)}
+    if all(_patch.loaded(name, just_ran) is None for name in packages):
         return None
     row = _torch_row(torch_version)
     if row is None or row.affected:
@@ -244,40 +270,34 @@ def _torch_without_fsdp2(torch_version: Optional[str], just_ran: Optional[object
 
 def _unknown_layouts(
     loaded: dict[str, Optional[_patch.Construction]], torch_version: Optional[str], just_ran: Optional[object]
-) -> dict[str, str]:
-    """For each API not settled yet (``loaded``: its site, or None) whose torch module finished
-    importing without any of the sites this package knows for it (torch moved it), why it runs
-    unpatched. fully_shard counts as imported once an FSDP2 package that exports it is, except
-    torch 2.4 and 2.5's FSDP1-only torch.distributed.fsdp."""
+) -> dict[str, tuple[str, str]]:
+    """For each API not settled yet (``loaded``: its site, or None) imported without any of the
+    sites this package knows for it (torch moved it), why it runs unpatched, and the remedy. An
+    API counts as imported once a module of its sites is, or the package users import it from
+    in the loaded release (torch 2.4 and 2.5's torch.distributed.fsdp is FSDP1's)."""
     unknown = {}
     for api, construction in loaded.items():
         if construction is not None:
             continue
-        modules = {site.module for site in _sites.SITES if site.api == api}
-        if api == _sites.FULLY_SHARD:
-            packages = [_patch.loaded(name, just_ran) for name in _sites.FSDP2_PACKAGES]
-            try:
-                older = torch_version is not None and \
-                    _matrix.release(torch_version) < _matrix.FSDP2_IN_FSDP_PACKAGE
-            except ValueError:
-                older = False
-            imported = packages[1] is not None or (packages[0] is not None and not older)
-        else:
-            imported = any(_patch.loaded(module, just_ran) is not None for module in modules)
-        if not imported:
-            continue
-        sites = (site for site in _sites.SITES if site.api == api)
-        bound = next(filter(None, map(_patch.user_binding, sites)), None)
         distribution = _sites.distribution_of(api)
+        sites = _sites.sites_of(api)
+        modules = {site.module for site in sites}
         # Another package's version is read from its top-level module, loaded with the site's.
         top_module = next(iter(modules)).split(".")[0]
         version = torch_version if distribution == "torch" else _version_of(top_module)[0]
+        try:
+            release = _matrix.release(version) if version else None
+        except ValueError:
+            release = None
+        if not any(_patch.loaded(site.module, just_ran) is not None or _patch.loaded(site.package, just_ran)
+                   is not None for site in _sites.sites_of(api, release)):
+            continue
+        bound = next(filter(None, map(_patch.user_binding, sites)), None)
         if bound is not None:
-            unknown[api] = f"{bound}; remove that binding, or call {distribution}'s own"
+            unknown[api] = (bound, f"remove that binding, or call {distribution}'s own")
         else:
             unknown[api] = (f"{_sites.unknown_layout(api, version)} (none of the class-construction "
-                            f"sites it patches is there); upgrade fsdp-autopatch, or set "
-                            f"{_config.MODE_VARIABLE}=0 if you do not need it")
+                            "sites it patches is there)", "upgrade fsdp-autopatch")
     return unknown
 
 
@@ -320,10 +340,8 @@ def _version_of(package: str) -> tuple[Optional[str], str]:
 def _waiting_reason(mode: str) -> str:
     """What the patch still waits for, naming only what is not imported yet."""
     missing = []
-    if not any(_patch.resolve_api(api) for api in _sites.APIS):
-        fsdp1_only = _patch.loaded(_sites.FSDP2_PACKAGES[0]) is not None  # torch 2.4/2.5
-        fsdp2 = _sites.FSDP2_PACKAGES[1 if fsdp1_only else 0]
-        missing.append(f"FSDP2 ({fsdp2}) or composable DDP ({_sites.DDP_MODULE})")
+    if not _problems and not any(_patch.resolve_api(api) for api in _sites.APIS):
+        missing.append(waited_for())
     if mode != _config.FORCE and TRANSFORMERS not in sys.modules:
         missing.append(TRANSFORMERS)
     if not missing:  # all there: the hooks are about to decide
@@ -331,21 +349,70 @@ def _waiting_reason(mode: str) -> str:
     return f"waiting for {' and '.join(missing)} to be imported"
 
 
-def _give_up(reason: str) -> None:
+def waited_for() -> str:
+    """The wrappers the hooks wait for, as a status names them."""
+    return f"{', '.join(_sites.APIS[:-1])} or {_sites.APIS[-1]}"
+
+
+def _give_up(problem: str, remedy: str) -> None:
+    """Nothing will be patched in this process: record why, and tell the user if the bug is here
+    (the decision, or the version rows for the versions installed where none was made yet)."""
     global _status, _decision
+    reason = f"{problem}; {remedy}"
     with _lock:
         if _status is None:
             _status = Status(False, reason, _config.mode_from_environment().name)
+        decided = _decision
         _status.applied = False
         _status.reason = reason
         _decision = _matrix.Decision(False, reason, None)
     logger.warning("%s", reason)
+    try:
+        bug = decided or _matrix.decide(_status.mode, *map(_installed_version, ("torch", TRANSFORMERS)))
+    except Exception:  # an unreadable version: nothing to say
+        return
+    if bug.apply or bug.cannot_tell:
+        _say_cannot_fix(None, problem, remedy)
+
+
+def _installed_version(package: str) -> Optional[str]:
+    """The version of ``package``: the imported module's, else its installed metadata's."""
+    if package in sys.modules:
+        return _version_of(package)[0]
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# Said once per process: the one line on stderr.
+_said = False
+
+
+def _say_cannot_fix(api: Optional[str], problem: str, remedy: str = "") -> None:
+    """The one line a user reads when the bug is here and the fix cannot run, once per process
+    (under a launcher, once per node)."""
+    global _said
+    if _said:
+        return
+    _said = True
+    which = f"{api}'s" if api else "the"
+    _write_stderr(f"fsdp-autopatch: cannot fix {which} layout bug for ABC modules here: {problem}"
+                  + (f" ({remedy})" if remedy else ""))
+
+
+# torchrun, torch.multiprocessing and accelerate number the processes of a node from 0 in
+# LOCAL_RANK: the first speaks for them all.
+LOCAL_RANK_VARIABLE = "LOCAL_RANK"
 
 
 def _write_stderr(line: str) -> None:
-    """One line on stderr, if there is one (pythonw and some services have ``sys.stderr = None``)."""
+    """One line on stderr, if there is one (pythonw and some services have ``sys.stderr = None``),
+    from the first process of a node only."""
     stream = sys.stderr
-    if stream is None:
+    if stream is None or os.environ.get(LOCAL_RANK_VARIABLE, "0").strip() not in ("", "0"):
         return
     try:
         stream.write(line + "\n")
@@ -353,15 +420,18 @@ def _write_stderr(line: str) -> None:
         pass
 
 
-def _configure_logging() -> None:
-    level = _config.log_level_from_environment()
+def _configure_logging() -> str:
+    """Print the log on stderr at the level ``FSDP_AUTOPATCH_LOG`` asks for; the line that says
+    its value is unknown, or ``""``."""
+    level, problem = _config.log_level_from_environment()
     if level is None:
-        return
+        return problem
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("fsdp-autopatch %(levelname)s: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False
+    return ""
 
 
 def current_status() -> Optional[Status]:
@@ -370,7 +440,10 @@ def current_status() -> Optional[Status]:
         if _status is None:
             return None
         classes, seen = _patch.classes.snapshot()
-        current = dataclasses.replace(_status, classes=classes, classes_seen=seen)
+        import fsdp_autopatch
+
+        current = dataclasses.replace(_status, classes=classes, classes_seen=seen,
+                                      armed_by=fsdp_autopatch.armed_by)
         # "Patched" only while the fix is in place: a reload or a rebinding since may have undone it.
         for construction in list(_patch.installed):
             problem = _patch.undone(construction)

@@ -575,16 +575,14 @@ def _apply_construction(construction: Construction, instance: object, type_: Cal
 
 def _bind_helper(construction: Construction, instance: object) -> Optional[Callable[[], Any]]:
     """The helper called for ``instance`` with a throwaway cache, its arguments matched to its
-    signature by name; None when it takes a required parameter this package does not know."""
+    signature by the names the site's row gives them; None when it takes a required parameter
+    the row does not name."""
     helper = construction.helper
     assert helper is not None
-    values: dict[str, Any] = {
-        "modules": (instance,),
-        "cls_to_wrapper_cls": {},
-        "wrapper_module_cls": construction.wrapper,
-        "wrapper_cls_prefix": construction.site.prefix,
-        "unimplemented_deepcopy": construction.deepcopy,
-    }
+    site = construction.site
+    by_role = {"modules": (instance,), "cache": {}, "wrapper": construction.wrapper, "prefix": site.prefix,
+               "deepcopy": construction.deepcopy}
+    values = {name: by_role[role] for name, role in zip(site.parameters, _sites.HELPER_ROLES)}
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     for parameter in inspect.signature(helper).parameters.values():

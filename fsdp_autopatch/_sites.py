@@ -6,11 +6,12 @@ Every torch call that wraps a module in place does it the same way::
     module.__class__ = new_cls
 
 from a module-level function (the *builder*) that calls ``type`` by its global name. The patch
-replaces that one global of the builder's module (``_patch``), so nothing of torch's public
-functions, and none of torch's class caches, is touched. Each ``Site`` names the public function
-users call (``entry``), where the wrapper class and the deep-copy stub live, and the builder.
-Which torch releases have which site, with the evidence, is in ``_matrix``; how the patch checks a
-site (by bytecode, at run time and in ``doctor`` alike) is ``shape_problem`` below.
+redirects that one function's ``type`` (``_patch``), so nothing of torch's public functions, and
+none of torch's class caches, is touched. Each ``Site`` names the public function users call
+(``entry``) and the package they import it from, where the wrapper class and the deep-copy stub
+live, and the builder with its parameters. A torch release that moves a builder is one row here
+(and its evidence row in ``_matrix``); nothing else in the package names a site. How the patch
+checks a site (by bytecode, at run time and in ``doctor`` alike) is ``shape_problem`` below.
 
 The module names come from the start-up module, which watches them (and must import nothing more).
 """
@@ -33,13 +34,17 @@ __all__ = ["APIS", "DDP_MODULE", "FSDP2_PACKAGES", "SITES", "TORCH_MODULES", "TR
 class Site:
     """One way a torch release builds wrapper classes for one public function."""
 
-    __slots__ = ("api", "builder", "builder_module", "cache", "deepcopy", "entry", "module", "prefix",
-                 "wrappers")
+    __slots__ = ("api", "builder", "builder_module", "cache", "deepcopy", "entry", "module", "package",
+                 "parameters", "prefix", "since", "wrappers")
 
-    def __init__(self, api: str, module: str, entry: str, wrappers: "tuple[str, ...]", prefix: str,
-                 deepcopy: "str | None", cache: "str | None" = None,
-                 builder: "tuple[str, str] | None" = None) -> None:
+    def __init__(self, api: str, since: "tuple[int, ...]", module: str, entry: str,
+                 wrappers: "tuple[str, ...]", prefix: str, deepcopy: "str | None", cache: "str | None" = None,
+                 builder: "tuple[str, str, tuple[str, ...]] | None" = None, package: "str | None" = None,
+                 ) -> None:
         self.api = api  # what users call it: one of APIS
+        # The first release of its distribution (torch, for most) that builds classes this way:
+        # a torch from then on has imported the API once ``package`` is imported.
+        self.since = since
         self.module = module  # the module of the entry function, the wrapper and the deep-copy stub
         self.entry = entry  # the public function whose call wraps a module
         self.wrappers = wrappers  # the wrapper class's global name in ``module``: the first one present
@@ -49,10 +54,13 @@ class Site:
         # torch's cls -> wrapper-class cache in ``module``, if this release keeps one: the patch only
         # drops from it the classes torch cached before the patch and CPython refuses.
         self.cache = cache
-        # The function that calls ``type``, if not ``entry`` itself: in another module, torch 2.11+'s
-        # shared helper, which takes the construction as arguments; in ``module``, a function of
-        # the entry's that builds the class inline (FSDP2 replicate's replicate_impl, 2.9 - 2.10).
-        self.builder_module, self.builder = builder or (module, entry)
+        # The function that calls ``type``, if not ``entry`` itself, and its parameters: in another
+        # module, torch 2.11+'s shared helper, which takes the construction as arguments, named in
+        # the order of HELPER_ROLES; in ``module``, a function of the entry's that builds the class
+        # inline (FSDP2 replicate's replicate_impl, 2.9 - 2.10), with no parameters named.
+        self.builder_module, self.builder, self.parameters = builder or (module, entry, ())
+        # Where users import ``entry`` from (``module`` itself unless another package exports it).
+        self.package = package or module
 
     @property
     def name(self) -> str:
@@ -75,33 +83,47 @@ API_DISTRIBUTIONS = {MEGATRON_FULLY_SHARD: "megatron-fsdp"}
 def distribution_of(api: str) -> str:
     return API_DISTRIBUTIONS.get(api, "torch")
 
+
+def sites_of(api: str, release: "tuple[int, ...] | None" = None) -> "list[Site]":
+    """The sites of ``api``, newest first; with ``release`` (of its distribution), only those
+    that release may have."""
+    return [site for site in SITES if site.api == api and (release is None or site.since <= release)]
+
+
 _FULLY_SHARD_2_6, _FULLY_SHARD_2_4 = FULLY_SHARD_MODULES
+_FSDP_2_6, _FSDP_2_4 = FSDP2_PACKAGES
+# What a helper that builds the wrapper classes is given, in the order Site.parameters names
+# them: the modules to wrap, the class cache, the wrapper class, the prefix, the deep-copy stub.
+HELPER_ROLES = ("modules", "cache", "wrapper", "prefix", "deepcopy")
 # torch 2.11+ build both FSDP2 wrappers in one shared helper.
-_APPLY_TO_MODULE = ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module")
+_APPLY_TO_MODULE = ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module",
+                    ("modules", "cls_to_wrapper_cls", "wrapper_module_cls", "wrapper_cls_prefix",
+                     "unimplemented_deepcopy"))
 
 # Per API, newest first; the first one whose names and bytecode the loaded torch has is used
 # (later releases keep re-exporting shims at the older paths).
 SITES = (
-    Site(FULLY_SHARD, _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP", "_unimplemented_deepcopy",
-         "cls_to_fsdp_cls", _APPLY_TO_MODULE),
-    Site(FULLY_SHARD, _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP", "_unimplemented_deepcopy",
-         "cls_to_fsdp_cls"),
-    Site(FULLY_SHARD, _FULLY_SHARD_2_4, "fully_shard", ("FSDPModule",), "FSDP", "unimplemented_deepcopy",
-         "cls_to_fsdp_cls"),
-    # Depending on the release (see _matrix), FSDP2's replicate() wraps modules in
-    # ReplicateModule(FSDPModule) or in FSDPModule itself, built in the shared helper or inline in
-    # replicate_impl.
-    Site(FSDP2_REPLICATE, REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
+    Site(FULLY_SHARD, (2, 11), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
+         "_unimplemented_deepcopy", "cls_to_fsdp_cls", _APPLY_TO_MODULE, _FSDP_2_6),
+    Site(FULLY_SHARD, (2, 6), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
+         "_unimplemented_deepcopy", "cls_to_fsdp_cls", package=_FSDP_2_6),
+    # torch 2.4 - 2.5: FSDP2 lives in torch.distributed._composable.fsdp (torch.distributed.fsdp
+    # is FSDP1 there).
+    Site(FULLY_SHARD, (2, 4), _FULLY_SHARD_2_4, "fully_shard", ("FSDPModule",), "FSDP",
+         "unimplemented_deepcopy", "cls_to_fsdp_cls", package=_FSDP_2_4),
+    # FSDP2's replicate() wraps modules in ReplicateModule(FSDPModule) (2.10+) or in FSDPModule
+    # itself (2.9), built in the shared helper (2.11+) or inline in replicate_impl.
+    Site(FSDP2_REPLICATE, (2, 11), REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
          "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls", _APPLY_TO_MODULE),
-    Site(FSDP2_REPLICATE, REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
+    Site(FSDP2_REPLICATE, (2, 9), REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
          "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls",
-         (REPLICATE_WITH_FSDP_MODULE, "replicate_impl")),
+         (REPLICATE_WITH_FSDP_MODULE, "replicate_impl", ())),
     # Composable DDP builds a new DDP<Name> on every call: no cache.
-    Site(DDP_REPLICATE, DDP_MODULE, "replicate", ("DDP",), "DDP", "unimplemented_deepcopy"),
+    Site(DDP_REPLICATE, (2, 4), DDP_MODULE, "replicate", ("DDP",), "DDP", "unimplemented_deepcopy"),
     # megatron-fsdp 0.6.0 - 0.6.1: a new ExperimentalFsdp<Name>(FsdpModule, <Name>) per call, with
     # an empty namespace, built in _attach_mixin beside fully_shard (0.5.0 has no such module).
-    Site(MEGATRON_FULLY_SHARD, MEGATRON_FSDP_MODULE, "fully_shard", ("FsdpModule",), "ExperimentalFsdp", None,
-         builder=(MEGATRON_FSDP_MODULE, "_attach_mixin")),
+    Site(MEGATRON_FULLY_SHARD, (0, 6), MEGATRON_FSDP_MODULE, "fully_shard", ("FsdpModule",),
+         "ExperimentalFsdp", None, builder=(MEGATRON_FSDP_MODULE, "_attach_mixin", ())),
 )
 
 

@@ -1,8 +1,9 @@
 """The proof, run for real: shard tiny transformers models with FSDP2 on a gloo CPU group.
 
-Run as ``python -m fsdp_autopatch._verify`` in a fresh interpreter (so the ``.pth`` start-up path
-is what patches it), once per rank, under torchrun or alone: ``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR`` and ``MASTER_PORT`` come from the environment. For each model it shards every
+Run as ``python -m fsdp_autopatch._verify`` in a fresh interpreter (so the start-up file, or
+torch's plugin entry point, is what patches it), once per rank, started by ``fsdp-autopatch
+verify``, by a launcher, or alone: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
+come from the environment. For each model it shards every
 decoder layer and then the root, trains a few steps next to an unsharded copy of the same
 weights, and prints one JSON line (rank 0 only): the class torch built, both losses, or the
 error. Then every rank lists the classes the patch built in it (``status().classes``), one JSON
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from fsdp_autopatch._console import EXIT_CANNOT_TELL, EXIT_OK
-from fsdp_autopatch._sites import DDP_MODULE, FSDP2_PACKAGES
+from fsdp_autopatch._sites import DDP_MODULE
 
 # The three transformers heads that inherit abc.ABC in the affected releases (_matrix), and a
 # causal LM of the same family, which never needed the patch and must get torch's own class.
@@ -99,17 +100,17 @@ def describe_class(cls: type) -> dict[str, Any]:
 
 
 def fsdp2() -> Any:
-    """torch's FSDP2 package, imported the way users of the installed torch import it.
-
-    torch 2.6+ exports ``fully_shard`` from ``torch.distributed.fsdp``. torch 2.4 and 2.5 have it
-    only in ``torch.distributed._composable.fsdp``, and there ``torch.distributed.fsdp`` is FSDP1.
-    """
+    """torch's FSDP2 package, imported the way users of the installed torch import it: the package
+    of the newest fully_shard site (``_sites``) this release may have (torch 2.6+:
+    torch.distributed.fsdp; 2.4 and 2.5: torch.distributed._composable.fsdp)."""
     import torch
 
-    from fsdp_autopatch._matrix import FSDP2_IN_FSDP_PACKAGE, release
+    from fsdp_autopatch import _matrix, _sites
 
-    in_fsdp = release(torch.__version__) >= FSDP2_IN_FSDP_PACKAGE
-    return importlib.import_module(FSDP2_PACKAGES[0] if in_fsdp else FSDP2_PACKAGES[1])
+    sites = _sites.sites_of(_sites.FULLY_SHARD, _matrix.release(torch.__version__))
+    if not sites:
+        raise ImportError(f"torch {torch.__version__} has no FSDP2 fully_shard")
+    return importlib.import_module(sites[0].package)
 
 
 def runs(kinds: Iterable[str]) -> list[str]:
@@ -150,7 +151,7 @@ def shard_and_train(run: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
     model = build_model(kind)
     original = type(model)
     reference = copy.deepcopy(model)
-    result: dict[str, Any] = {"model": run, "class": type(model).__name__}
+    result: dict[str, Any] = {"model": run}
     try:
         targets = [] if ddp else list(model.base_model.layers)
         for module in (*targets, model):
@@ -322,20 +323,14 @@ def one_line(error: BaseException) -> str:
 
 
 def cannot_run(problem: str) -> int:
-    """Say why on stderr and as a JSON line (the launcher reads stdout only); exit code 2."""
+    """Say why on stderr and as a JSON line (verify reads stdout only); exit code 2."""
     print(json.dumps({"cannot_run": problem}), flush=True)
     print(f"cannot verify: {problem}", file=sys.stderr)
     return EXIT_CANNOT_TELL
 
 
 def main(argv: list[str]) -> int:
-    """Exit 0 after the proof ran (whatever it found), 2 when it cannot run here.
-
-    ``--check`` only checks the prerequisites: the launcher asks when torchrun itself failed.
-    """
-    if argv == ["--check"]:
-        problem = missing_prerequisite()
-        return EXIT_OK if problem is None else cannot_run(problem)
+    """Exit 0 after the proof ran (whatever it found), 2 when it cannot run here."""
     kinds = argv or runs(MODELS)
     unknown = [kind for kind in kinds if run_kind(kind)[0] not in MODELS]
     if unknown:
@@ -370,9 +365,9 @@ def main(argv: list[str]) -> int:
 def report_classes(rank: int, status: Mapping[str, Any]) -> None:
     """What the patch built in this rank: one line per class it saw, then one with the count.
 
-    Every rank reports, since each builds its own classes. One short line per class, because
-    the ranks share one pipe: a write of up to PIPE_BUF bytes (4096 on Linux) reaches it whole,
-    and a rank's whole list in one line could be longer and interleave with another rank's.
+    Every rank reports, since each builds its own classes. One short line per class: under a
+    launcher the ranks share one pipe, where a write of up to PIPE_BUF bytes (4096 on Linux)
+    reaches it whole, and a rank's whole list in one line could interleave with another rank's.
     """
     classes = list(status.get("classes") or [])
     for record in classes:

@@ -394,18 +394,36 @@ if os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1":
 """
 
 
-def fake_torch(where: Path, plugins: bool = False) -> None:
-    """Just enough of a torch package for the start-up watcher: torch, the modules a process
-    may import without FSDP2, and the modules it watches (empty: nothing to patch in them).
-    ``plugins``: its ``import torch`` ends as torch 2.5+'s does, calling the torch.backends entry
-    points."""
-    write_module(where, "torch", '__version__ = "2.13.0"\n' + (TORCH_PLUGIN_LOOP if plugins else ""))
-    for name in ("torch.nn", "torch.distributed", *TORCH_MODULES):
-        write_module(where, name, "")
+STAND_IN = ROOT / "tests" / "stand_in"
 
 
-def fake_transformers(where: Path, source: str = '__version__ = "4.55.2"\n') -> None:
-    write_module(where, "transformers", source)
+def fake_torch(where: Path, plugins: bool = False, version: str = "2.13.0") -> None:
+    """The stand-in torch of tests/stand_in/ (torch's names, sites built as torch 2.13 builds them,
+    milliseconds to import) copied into ``where``. ``plugins``: its ``import torch`` ends as torch
+    2.5+'s does, calling the torch.backends entry points."""
+    shutil.copytree(STAND_IN / "torch", where / "torch", ignore=shutil.ignore_patterns("__pycache__"),
+                    dirs_exist_ok=True)
+    source = f'__version__ = "{version}"\n' + (TORCH_PLUGIN_LOOP if plugins else "")
+    (where / "torch" / "__init__.py").write_text(source)
+    installed_as(where, "torch", version)
+
+
+def fake_transformers(where: Path, source: Optional[str] = None, version: str = "4.55.2") -> None:
+    """The stand-in transformers 4.55.2 of tests/stand_in/ (or a package of ``source``)."""
+    shutil.copytree(STAND_IN / "transformers", where / "transformers",
+                    ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    if source is not None:
+        (where / "transformers" / "__init__.py").write_text(textwrap.dedent(source))
+    installed_as(where, "transformers", version)
+
+
+def installed_as(where: Path, name: str, version: str) -> None:
+    """The installed metadata of a stand-in, as pip writes it (one distribution of each name)."""
+    for old in where.glob(f"{name}-*.dist-info"):
+        shutil.rmtree(old)
+    dist_info = where / f"{name}-{version}.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
 
 def _missing(what: str) -> None:

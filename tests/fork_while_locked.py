@@ -21,7 +21,7 @@ class Original:
     pass
 
 
-site = _sites.Site("stand-in API", module.__name__, "wrap", ("Wrapper",), "W", "deepcopy")
+site = _sites.Site("stand-in API", (0,), module.__name__, "wrap", ("Wrapper",), "W", "deepcopy")
 _patch.install(_patch.resolve(site))
 held, release = threading.Event(), threading.Event()
 

@@ -44,4 +44,11 @@ def test_environment_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
                                             ("", None), ("loud", None), ("error", None)])
 def test_log_level(monkeypatch: pytest.MonkeyPatch, raw: str, level: str | None) -> None:
     monkeypatch.setenv(_config.LOG_VARIABLE, raw)
-    assert _config.log_level_from_environment() == level
+    found, problem = _config.log_level_from_environment()
+    assert found == level
+    # A value it does not know gets one line naming the ones it does, as FSDP_AUTOPATCH's does.
+    if level is None and raw:
+        assert problem == (f"fsdp-autopatch: ignoring FSDP_AUTOPATCH_LOG={raw!r}; use one of debug, info, "
+                           "warning")
+    else:
+        assert problem == ""

@@ -6,14 +6,13 @@ stated), not restated here.
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import Optional
 
 import pytest
-from conftest import ROOT
+import version_table
 
-from fsdp_autopatch import _config, _matrix
+from fsdp_autopatch import _config, _matrix, _sites
 
 VERSIONS = [
     ("2.8.0+cu128", (2, 8)), ("2.13.0a0+git1234abc", (2, 13)), ("2.9.0.dev20250801", (2, 9)),
@@ -65,7 +64,15 @@ def test_rows_tile_every_release_without_gaps_and_carry_evidence(name: str) -> N
     assert rows[0].first == (0,)
     for before, after in zip(rows, rows[1:]):
         assert before.end == after.first
-    assert all(row.package == name and row.evidence and row.versions and row.fact for row in rows)
+    assert all(row.package == name and row.evidence for row in rows)
+
+
+def test_a_torch_release_is_one_row_and_every_fsdp2_release_has_one() -> None:
+    """Adding a torch release that changes nothing is one row: 2.<minor> covers 2.<minor>.x."""
+    fsdp2 = _matrix.TORCH_ROWS[1:]
+    assert [row.first for row in fsdp2] == [(2, minor) for minor in range(4, 4 + len(fsdp2))]
+    assert all(row.end == (2, row.first[1] + 1) for row in fsdp2)
+    assert all(_matrix.row_for(_matrix.TORCH_ROWS, f"2.{row.first[1]}.1+cu128") is row for row in fsdp2)
 
 
 @pytest.mark.parametrize("name", list(ALL_ROWS))
@@ -95,12 +102,9 @@ def test_every_fsdp2_torch_in_the_rows_is_affected() -> None:
     assert not any(row.affected for row in _matrix.TORCH_ROWS if row not in fsdp2)
 
 
-@pytest.mark.parametrize("row", [_matrix.REPLICATE_ROW, _matrix.DDP_ROW], ids=["FSDP2", "DDP"])
-def test_replicate_ranges_lie_inside_the_affected_torch_rows(row: _matrix.Row) -> None:
-    assert row.end is not None and row.affected
-    for version in (text(row.first), before(row.end)):
-        torch_row = _matrix.row_for(_matrix.TORCH_ROWS, version)
-        assert torch_row is not None and torch_row.affected
+def test_every_api_has_its_evidence_in_the_record() -> None:
+    assert [site.api for site in version_table.SITE_EVIDENCE] == list(_sites.APIS)
+    assert _matrix.AFFECTED_TRANSFORMERS == "4.54.0-4.55.2"
 
 
 AFFECTED_TRANSFORMERS = next(row for row in _matrix.TRANSFORMERS_ROWS if row.affected)
@@ -154,7 +158,7 @@ def test_python_that_accepts_the_swap_stands_aside() -> None:
     assert _matrix.decide(_config.FORCE, TORCH, TRANSFORMERS, lambda: False, python).apply
 
 
-@pytest.mark.parametrize("row", UNAFFECTED_TRANSFORMERS, ids=lambda row: row.versions)
+@pytest.mark.parametrize("row", UNAFFECTED_TRANSFORMERS, ids=version_table.versions)
 def test_unaffected_transformers_is_left_alone_unless_forced(row: _matrix.Row) -> None:
     transformers = text(row.first if row.first != (0,) else (4, 53, 3))
     assert not decide(transformers=transformers, probe=True).apply
@@ -201,27 +205,21 @@ def test_default_python_is_the_running_interpreter() -> None:
     assert _matrix.decide(_config.AUTO, TORCH, TRANSFORMERS).reason.count(_matrix.interpreter()) == 1
 
 
-VERSIONS_TABLE = re.compile(r"<!-- versions:start -->\n(.*?)<!-- versions:end -->", re.S)
-
-
 def test_the_documented_version_table_is_the_rendered_rows() -> None:
     """docs/versions.md's hand-readable version table is written from the rows, never by hand."""
-    page = (ROOT / "docs" / "versions.md").read_text(encoding="utf-8")
-    match = VERSIONS_TABLE.search(page)
-    assert match is not None, "docs/versions.md has no <!-- versions:start --> ... <!-- versions:end -->"
-    assert match.group(1) == _matrix.render_version_table(), (
-        "docs/versions.md's version table differs from the rows; replace it with the output of: "
-        "python -c 'from fsdp_autopatch import _matrix; print(_matrix.render_version_table(), end=\"\")'"
-    )
+    assert version_table.documented() == version_table.render(), (
+        "docs/versions.md's version table differs from the rows; rewrite it: python tests/version_table.py "
+        "--update")
 
 
 def test_rendered_table_has_every_row() -> None:
-    table = _matrix.render_version_table()
+    table = version_table.render()
     for rows in ALL_ROWS.values():
         for row in rows:
-            assert f"| {row.versions} | {row.fact} |" in table
-    for row in (_matrix.REPLICATE_ROW, _matrix.DDP_ROW):
-        assert f"| {row.versions} | {row.fact} |" in table
-    for swap in _matrix.OTHER_CLASS_SWAPS:
+            assert f"| {version_table.versions(row)} | {'yes' if row.affected else 'no'} | {row.evidence} |" \
+                in table
+    for site in version_table.SITE_EVIDENCE:
+        assert f"| {site.api} | {site.releases} | {site.evidence} |" in table
+    for swap in version_table.OTHER_CLASS_SWAPS:
         assert f"| `{swap.file}` | `{swap.function}` | {swap.reason} |" in table
     assert f"≥ {text(_matrix.first_release_after(_matrix.TORCH_ROWS))}" in table

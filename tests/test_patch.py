@@ -81,7 +81,7 @@ def reload(module: types.ModuleType) -> None:
 
 
 def site_of(module: types.ModuleType) -> _sites.Site:
-    return _sites.Site("stand-in API", module.__name__, "wrap", ("Wrapper",), "W", "deepcopy")
+    return _sites.Site("stand-in API", (0,), module.__name__, "wrap", ("Wrapper",), "W", "deepcopy")
 
 
 @pytest.fixture
@@ -446,12 +446,12 @@ def test_a_builder_in_the_entrys_own_module_builds_inline_not_as_a_shared_helper
     exec(INLINE_BUILDER, module.__dict__)
     sys.modules[module.__name__] = module
     try:
-        inline = _sites.Site("stand-in API", module.__name__, "wrap", ("Wrapper",), "W", "deepcopy",
-                             builder=(module.__name__, "wrap_impl"))
+        inline = _sites.Site("stand-in API", (0,), module.__name__, "wrap", ("Wrapper",), "W", "deepcopy",
+                             builder=(module.__name__, "wrap_impl", ()))
         construction = _patch.resolve(inline)
         assert construction is not None and construction.helper is None
-        shared = _sites.Site("stand-in API", module.__name__, "wrap", ("Wrapper",), "W", "deepcopy",
-                             builder=("torch_helper_stand_in", "wrap_impl"))
+        shared = _sites.Site("stand-in API", (0,), module.__name__, "wrap", ("Wrapper",), "W", "deepcopy",
+                             builder=("torch_helper_stand_in", "wrap_impl", ()))
         helper_module = types.ModuleType("torch_helper_stand_in")
         exec(INLINE_BUILDER, helper_module.__dict__)
         sys.modules[helper_module.__name__] = helper_module

@@ -3,7 +3,7 @@ that finds them, and the sweep that notices a torch release adding another.
 
 The sweep reads the installed torch's source files (it imports nothing of torch) and lists every
 assignment to an object's ``__class__``: each one must be the builder of a site the patch covers,
-or be listed in ``_matrix.OTHER_CLASS_SWAPS`` with the reason it is left alone. A test of a
+or be listed in ``version_table.OTHER_CLASS_SWAPS`` with the reason it is left alone. A test of a
 stand-in torch tree shows that a new swap makes it fail.
 """
 
@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import version_table
 from conftest import site_packages
 
-from fsdp_autopatch import _matrix, _sites
+from fsdp_autopatch import _sites
 
 TYPE_GLOBAL = """
 def builder(modules, cache, wrapper, prefix, deepcopy):
@@ -51,8 +52,8 @@ def lookups(modules: dict[str, tuple[set[str], str]]) -> tuple[Callable[..., boo
     return has, code_of
 
 
-INLINE = _sites.Site("test", "m", "wrap", ("Wrapper",), "W", "deepcopy")
-HELPER = _sites.Site("test", "m", "wrap", ("Wrapper",), "W", "deepcopy", builder=("h", "builder"))
+INLINE = _sites.Site("test", (0,), "m", "wrap", ("Wrapper",), "W", "deepcopy")
+HELPER = _sites.Site("test", (0,), "m", "wrap", ("Wrapper",), "W", "deepcopy", builder=("h", "builder", ()))
 
 
 def test_an_inline_site_is_found_by_its_type_call() -> None:
@@ -150,7 +151,7 @@ def unaccounted(swaps: list[tuple[str, str, int]], package: str = "torch") -> li
     """The swaps found in ``package``'s files that are neither a site's builder nor left alone."""
     covered = {(site.builder_module.replace(".", "/").removeprefix(f"{package}/") + ".py", site.builder)
                for site in _sites.SITES}
-    left_alone = {(swap.file, swap.function) for swap in _matrix.OTHER_CLASS_SWAPS if swap.package == package}
+    left_alone = {(swap.file, swap.function) for swap in version_table.OTHER_CLASS_SWAPS if swap.package == package}
     return [swap for swap in swaps
             if swap[:2] not in covered | left_alone and (swap[0], "*") not in left_alone]
 
@@ -167,7 +168,7 @@ def test_every_class_swap_of_the_installed_torch_is_a_site_or_left_alone_with_a_
     swaps = class_swaps(installed("torch"))
     assert unaccounted(swaps) == [], (
         "torch swaps a class where fsdp-autopatch neither patches nor says why it need not: add a "
-        "Site to fsdp_autopatch/_sites.py, or a ClassSwap with the reason to _matrix.OTHER_CLASS_SWAPS")
+        "Site to fsdp_autopatch/_sites.py, or a ClassSwap with the reason to tests/version_table.py's OTHER_CLASS_SWAPS")
     # The sites of this torch are among what was found, so the sweep sees them.
     assert {(file, function) for file, function, _ in swaps} & {
         ("distributed/_composable/replicate.py", "replicate")}
@@ -178,7 +179,7 @@ def test_every_class_swap_of_the_installed_megatron_fsdp_is_a_site_or_left_alone
     swaps = class_swaps(installed("megatron_fsdp"))
     assert unaccounted(swaps, "megatron_fsdp") == [], (
         "megatron-fsdp swaps a class where fsdp-autopatch neither patches nor says why it need not: "
-        "add a Site to fsdp_autopatch/_sites.py, or a ClassSwap to _matrix.OTHER_CLASS_SWAPS")
+        "add a Site to fsdp_autopatch/_sites.py, or a ClassSwap to tests/version_table.py's OTHER_CLASS_SWAPS")
     found = {(file, function) for file, function, _ in swaps}
     assert ("experimental/fully_shard.py", "_attach_mixin") in found
 

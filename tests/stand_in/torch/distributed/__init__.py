@@ -1,0 +1,5 @@
+"""Stands in for torch.distributed."""
+
+
+def is_available() -> bool:
+    return True

@@ -1,0 +1,24 @@
+"""Composable DDP's replicate (torch 2.4 - 2.15, replicate.py lines 245-248 in 2.15.0): a new
+DDP<Name> built inline on every call, no cache."""
+
+from typing import Any, NoReturn
+
+
+def unimplemented_deepcopy(*args: Any, **kwargs: Any) -> NoReturn:
+    raise AssertionError("DDP does not support deepcopy. Please use state dict for serialization.")
+
+
+class DDP:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        orig_cls = cls.__mro__[2]
+        return orig_cls.__new__(orig_cls, *args, **kwargs)
+
+
+def replicate(module: Any, **kwargs: Any) -> Any:
+    if "device_id" in kwargs and not isinstance(kwargs["device_id"], int):
+        raise RuntimeError(f"Expected device_id to be int, but got {type(kwargs['device_id'])}")
+    cls = module.__class__
+    dct = {"__deepcopy__": unimplemented_deepcopy}
+    new_cls = type(f"DDP{cls.__name__}", (DDP, cls), dct)
+    module.__class__ = new_cls
+    return module

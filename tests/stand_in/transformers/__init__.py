@@ -1,0 +1,3 @@
+"""A stand-in for transformers 4.55.2: its version, set first, as transformers sets it."""
+
+__version__ = "4.55.2"
