@@ -542,13 +542,13 @@ def pair_fact(report: DoctorReport, forced: bool) -> str:
         return f"torch {torch}: {_config.MODE_VARIABLE}=force patches it, whatever the version matrix says"
     if transformers is None:
         return f"torch {torch}; transformers is not installed, so no affected head is"
-    pair = f"torch {torch}, transformers {transformers}"
+    pair = f"torch {torch}, transformers {transformers}, {_matrix.interpreter()}"
     if report.in_matrix:
-        return f"{pair}: the pair has the layout bug on {_matrix.interpreter()} (version matrix)"
+        return f"{pair}: the bug is here (version matrix)"
     row = _matrix.row_for(_matrix.TRANSFORMERS_ROWS, transformers)
     if row is not None and not row.affected:
-        return f"{pair}: its heads do not inherit ABC (version matrix)"
-    return f"{pair}: {_matrix.interpreter()} accepts the ABC swap (version matrix)"
+        return f"{pair}: no head inherits ABC (version matrix)"
+    return f"{pair}: CPython accepts the ABC swap (version matrix)"
 
 
 def verdict(report: DoctorReport, forced: bool, needed: bool) -> tuple[str, str]:

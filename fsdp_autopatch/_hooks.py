@@ -206,8 +206,9 @@ def try_install(just_ran: Optional[object] = None) -> None:
             _decision = _matrix.decide(mode, torch_version, transformers_version, probe)
             _status.in_matrix, _status.decided_by = _decision.in_matrix, _decision.decided_by
             _status.reason = _with_problems("".join((torch_note, transformers_note, _decision.reason)))
-            logger.debug("%spatching%s: %s", "" if _decision.apply else "not ", _decided_by(_decision),
-                         _status.reason)
+            # Whether the bug is here changes nothing in a run by itself: DEBUG, unless nobody can tell.
+            log = logger.warning if _decision.cannot_tell else logger.debug
+            log("%spatching%s: %s", "" if _decision.apply else "not ", _decided_by(_decision), _status.reason)
             if _bug_here() and _problems:
                 api, (problem, remedy) = next(iter(_problems.items()))
                 _say_cannot_fix(api, problem, remedy)

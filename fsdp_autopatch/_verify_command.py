@@ -61,10 +61,10 @@ READ_BYTES = 65536
 
 # What a model's outcome is called, when it counts (True) and when it does not.
 SHOWN = {
-    _verify.TRAINED: {True: "sharded"},
-    _verify.DRIFTED: {True: "sharded", False: "loss mismatch"},
-    _verify.DIVERGED: {True: "sharded", False: "loss mismatch"},
-    _verify.UNTRAINED: {True: "sharded only", False: "train failed"},
+    _verify.TRAINED: {True: "wrapped"},
+    _verify.DRIFTED: {True: "wrapped", False: "loss mismatch"},
+    _verify.DIVERGED: {True: "wrapped", False: "loss mismatch"},
+    _verify.UNTRAINED: {True: "wrapped only", False: "train failed"},
     _verify.LAYOUT: {False: "layout error"},
     _verify.SHARD_FAILED: {False: "shard failed"},
 }

@@ -387,7 +387,7 @@ def now() -> str:
 def capture_cli(python: str) -> str:
     """``fsdp-autopatch doctor``, ``verify`` and ``FSDP_AUTOPATCH=0 verify`` run with ``python``,
     as the README shows them: the command, its output as a terminal shows it (progress and
-    warnings on stderr, the table and the verdict on stdout), the exit code, every path portable."""
+    warnings on stderr, the classes and the verdict on stdout), the exit code, every path portable."""
     shown = []
     for prefix, command, env in (("", "doctor", {}), ("", "verify", {}),
                                  ("FSDP_AUTOPATCH=0 ", "verify", {"FSDP_AUTOPATCH": "0"})):
@@ -396,8 +396,7 @@ def capture_cli(python: str) -> str:
                                 stderr=subprocess.STDOUT, text=True, cwd=Path(python).parent,
                                 env=scrubbed_environment(NO_COLOR="1", **env), timeout=RUN_TIMEOUT,
                                 check=False)
-        exit_line = f"[exit {result.returncode}]\n" if command == "verify" else ""
-        shown.append(f"$ {prefix}fsdp-autopatch {command}\n{result.stdout}{exit_line}")
+        shown.append(f"$ {prefix}fsdp-autopatch {command}\n{result.stdout}[exit {result.returncode}]\n")
     return portable_text(f"Captured on {now()}.\n\n```text\n" + "\n".join(shown) + "```")
 
 

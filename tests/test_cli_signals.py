@@ -4,15 +4,15 @@ A closed pipe (``fsdp-autopatch doctor | head -1``): exit 141, what a shell repo
 coreutils command cut off the same way, with nothing on stderr: no traceback, and no "Exception
 ignored" from the interpreter's last flush. Ctrl-C: exit 130 and one line on stderr.
 
-The fast tests run ``verify`` against a stand-in for ``torch.distributed.run`` (a fake torch in a
-throwaway environment) that says when it started and waits to be told to go on, so that the
-signal or the closed pipe meets verify at a known point, while it follows its launcher; the
-slow ones run the real torch.
+The fast tests run ``verify`` on the stand-in torch (tests/stand_in/) whose ``torch.distributed``
+is tests/fake_process_group.py: each rank says when it started and waits to be told to go on, so
+that the signal or the closed pipe meets verify at a known point, while it follows its ranks;
+the slow ones run the real torch.
 
 However verify is stopped (its deadline, Ctrl-C to it or to its whole process group as a
-terminal sends it, SIGTERM, its launcher killed first), it says so with its own exit code,
-returns within the bound its help states, and leaves no process running: not even a rank that
-outlived its launcher in a session of its own, deaf to SIGTERM.
+terminal sends it, SIGTERM, a rank killed from outside), it says so with its own exit code,
+returns within the bound its help states, and leaves no process running: not even what a rank
+started, deaf to SIGTERM.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from typing import Optional
 import pytest
 from conftest import (
     alive,
-    command_line,
     ctrl_c_as_at_a_terminal,
     environment,
+    fake_torch,
+    fake_transformers,
     make_throwaway,
     marked_run,
     needs_proc,
@@ -40,7 +41,6 @@ from conftest import (
     site_packages,
     verify_at_work,
 )
-from test_cli import add_distribution
 
 from fsdp_autopatch import _verify
 from fsdp_autopatch._verify_command import STOPS_WITHIN_SECONDS
@@ -48,7 +48,7 @@ from fsdp_autopatch._verify_command import STOPS_WITHIN_SECONDS
 EXIT_CLOSED_PIPE = 141
 EXIT_INTERRUPTED = 130
 
-FAKE_TORCHRUN = Path(__file__).with_name("fake_torchrun.py")
+FAKE_PROCESS_GROUP = Path(__file__).with_name("fake_process_group.py")
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name == "nt",
                                 reason="POSIX signals and pipes")
@@ -56,15 +56,14 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name == "nt"
 
 @pytest.fixture(scope="module")
 def stand_in(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The python of an environment whose torch's ``torch.distributed.run`` is tests/fake_torchrun.py."""
+    """The python of an environment whose torch is the stand-in, with tests/fake_process_group.py
+    as its ``torch.distributed``."""
     throwaway = make_throwaway(tmp_path_factory.mktemp("stand-in") / "venv", installed)
-    add_distribution(throwaway.site, "torch", "2.13.0", {
-        "torch/__init__.py": '__version__ = "2.13.0"\n',
-        "torch/distributed/__init__.py": "",
-        "torch/distributed/run.py": FAKE_TORCHRUN.read_text(encoding="utf-8"),
-    })
-    add_distribution(throwaway.site, "transformers", "4.55.2",
-                     {"transformers/__init__.py": '__version__ = "4.55.2"\n'})
+    fake_torch(throwaway.site)
+    distributed = throwaway.site / "torch" / "distributed"
+    (distributed / "__init__.py").write_text(FAKE_PROCESS_GROUP.read_text(encoding="utf-8"))
+    (distributed / "device_mesh.py").write_text("def init_device_mesh(*args, **kwargs):\n    return None\n")
+    fake_transformers(throwaway.site, '__version__ = "4.55.2"\n\n\nclass Qwen2Config:\n    pass\n')
     return str(throwaway.python)
 
 
@@ -87,7 +86,7 @@ def wait_for(path: Path, process: subprocess.Popen, seconds: float = 60) -> str:
 def stand_in_verify(python: str, tmp_path: Path, *args: str, env: Optional[dict[str, str]] = None,
                     **popen: object) -> tuple[subprocess.Popen, Path, Path]:  # type: ignore[type-arg]
     started, go = tmp_path / "started", tmp_path / "go"
-    env = environment(FAKE_TORCHRUN_STARTED=str(started), FAKE_TORCHRUN_GO=str(go), **(env or {}))
+    env = environment(FAKE_RANK_STARTED=str(started), FAKE_RANK_GO=str(go), **(env or {}))
     popen.setdefault("preexec_fn", ctrl_c_as_at_a_terminal)
     process = subprocess.Popen([python, "-m", "fsdp_autopatch", "verify", *args], env=env, cwd=tmp_path,
                                **popen)  # type: ignore[call-overload]
@@ -126,18 +125,18 @@ def test_doctor_piped_into_a_reader_of_one_line_leaves_no_traceback(installed: P
     process.stderr.close()
 
 
-def test_verify_whose_reader_left_stops_its_launcher_and_exits_141(stand_in: str, tmp_path: Path) -> None:
+def test_verify_whose_reader_left_stops_its_ranks_and_exits_141(stand_in: str, tmp_path: Path) -> None:
     # As `fsdp-autopatch verify 2>&1 | head -1`: the reader takes the first progress line and
-    # leaves; verify's next line, once its launcher says the ranks are at work, meets the closed pipe.
+    # leaves; verify's next line, once the rank says it is at work, meets the closed pipe.
     read, write = os.pipe()
     process, started, go = stand_in_verify(stand_in, tmp_path, stdout=write, stderr=write)
     os.close(write)
     with os.fdopen(read) as reader:
         assert reader.readline().startswith("fsdp-autopatch verify: 1 rank of ")
-    launcher = int(wait_for(started, process))
+    rank = int(wait_for(started, process))
     go.touch()
     assert process.wait(timeout=120) == EXIT_CLOSED_PIPE
-    assert not alive(launcher)
+    assert not alive(rank)
 
 
 # --------------------------------------------------------------------------------------------- Ctrl-C
@@ -161,12 +160,12 @@ def test_ctrl_c_while_verify_waits_for_its_ranks_exits_130_with_one_line(
 ) -> None:
     process, started, _ = stand_in_verify(stand_in, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True, start_new_session=whole_group)
-    launcher = int(wait_for(started, process))
+    rank = int(wait_for(started, process))
     stderr = interrupted(process, whole_group)
-    progress, last = stderr.splitlines()  # the launch line, then the one about the interruption
+    progress, last = stderr.splitlines()  # the start line, then the one about the interruption
     assert progress.startswith("fsdp-autopatch verify: 1 rank of ")
     assert last == "fsdp-autopatch verify: interrupted"
-    assert not alive(launcher), "verify left its launcher running"
+    assert not alive(rank), "verify left its rank running"
 
 
 def ignore_ctrl_c() -> None:
@@ -177,19 +176,19 @@ def test_a_ctrl_c_its_parent_ignores_leaves_verify_running(stand_in: str, tmp_pa
     """As ``verify &`` in a script, which starts it with SIGINT ignored: Ctrl-C is not for it."""
     process, started, go = stand_in_verify(stand_in, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                            text=True, start_new_session=True, preexec_fn=ignore_ctrl_c)
-    launcher = int(wait_for(started, process))
+    rank = int(wait_for(started, process))
     os.killpg(process.pid, signal.SIGINT)
     go.touch()
     assert process.stderr is not None
     for line in process.stderr:  # still at work: it takes the status line printed after the go
         if line.startswith("patch "):
             break
-    assert process.poll() is None and alive(launcher)
+    assert process.poll() is None and alive(rank)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM
     assert own_lines(stderr) == ["fsdp-autopatch verify: stopped by SIGTERM"]
-    assert not alive(launcher)
+    assert not alive(rank)
 
 
 def trained(model: str) -> str:
@@ -201,15 +200,14 @@ def trained(model: str) -> str:
 def test_a_time_out_after_every_model_reported_judges_the_results(stand_in: str, tmp_path: Path) -> None:
     (tmp_path / "go").touch()  # every line at once, then the stand-in hangs, as a rank in teardown may
     runs = _verify.runs(_verify.MODELS)  # every model with fully_shard and with composable DDP
-    env = {"FAKE_TORCHRUN_RESULTS": "\n".join(trained(run) for run in runs)}
+    env = {"FAKE_RANK_RESULTS": "\n".join(trained(run) for run in runs)}
     process, started, _ = stand_in_verify(stand_in, tmp_path, "--timeout", "10", env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stdout + stderr
     done = len(runs)
     assert stdout.splitlines()[-1] == (
-        f"OK: {done} of {done} runs wrapped (FSDP2 fully_shard, composable DDP replicate) and trained; no "
-        "patch was needed: a stand-in for torchrun")
+        f"OK: {done} of {done} runs wrapped and trained; no patch was needed: a stand-in for torch.distributed")
     assert not alive(int(started.read_text()))
 
 
@@ -221,8 +219,8 @@ STOPPED = {
                               "a larger --timeout on a less loaded machine"),
     "SIGTERM": (128 + signal.SIGTERM, "stderr", "fsdp-autopatch verify: stopped by SIGTERM"),
     "Ctrl-C to the group": (EXIT_INTERRUPTED, "stderr", "fsdp-autopatch verify: interrupted"),
-    "launcher killed": (2, "stdout", "cannot verify: torch.distributed.run was killed by SIGKILL (out of "
-                                     "memory?); rerun it, with less else running on the machine"),
+    "rank killed": (2, "stdout", "cannot verify: rank 0 was killed by SIGKILL (out of memory?); rerun it, "
+                                 "with less else running"),
 }
 
 
@@ -231,22 +229,23 @@ STOPPED = {
 def test_verify_stopped_any_way_returns_in_time_and_leaves_no_rank(
     stand_in: str, tmp_path: Path, how: str
 ) -> None:
-    """A rank its launcher left behind, deaf to SIGTERM, is killed too, within the stated bound."""
-    deaf_rank = tmp_path / "deaf-rank"
+    """What a rank started, deaf to SIGTERM and holding the rank's pipe, is killed too, within the
+    stated bound."""
+    deaf_child = tmp_path / "deaf-child"
     timeout = ("--timeout", "10", "--json") if how == "time-out" else ()
     process, started, _ = stand_in_verify(stand_in, tmp_path, *timeout,
-                                          env={"FAKE_TORCHRUN_DEAF_RANK": str(deaf_rank)},
+                                          env={"FAKE_RANK_DEAF_CHILD": str(deaf_child)},
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           start_new_session=True)
-    launcher = int(wait_for(started, process))
-    rank = int(wait_for(deaf_rank, process))
+    rank = int(wait_for(started, process))
+    child = int(wait_for(deaf_child, process))
     stopped = time.monotonic()
     if how == "SIGTERM":
         process.send_signal(signal.SIGTERM)
     elif how == "Ctrl-C to the group":
         os.killpg(process.pid, signal.SIGINT)
-    elif how == "launcher killed":
-        os.kill(launcher, signal.SIGKILL)
+    elif how == "rank killed":
+        os.kill(rank, signal.SIGKILL)
     stdout, stderr = process.communicate(timeout=120)
     took = time.monotonic() - stopped
     if how == "time-out":  # timed on verify's own clock, whose deadline is 10 s after its start
@@ -256,7 +255,7 @@ def test_verify_stopped_any_way_returns_in_time_and_leaves_no_rank(
     printed = {"stdout": stdout, "stderr": stderr}[stream]
     assert (process.returncode, printed.splitlines()[-1:]) == (code, [last]), stdout + stderr
     assert took < STOPS_WITHIN_SECONDS, f"verify returned {took:.1f} s after it was stopped"
-    assert not alive(rank) and not alive(launcher)
+    assert not alive(rank) and not alive(child)
     assert "Traceback" not in stderr
 
 
@@ -269,21 +268,6 @@ def test_ctrl_c_during_a_real_verify_stops_every_rank(real_torch: dict[str, str]
     stderr = interrupted(process, whole_group)
     assert own_lines(stderr)[-1] == "fsdp-autopatch verify: interrupted"
     assert "Traceback" not in stderr
-    assert processes_marked(marker) == []
-
-
-@pytest.mark.slow
-@needs_proc
-def test_a_real_verify_whose_torchrun_is_killed_stops_its_ranks_exits_2(real_torch: dict[str, str]) -> None:
-    """The ranks run in sessions of their own: a torchrun killed before it could stop them
-    leaves them to verify."""
-    marker, env = marked_run()
-    process = verify_at_work(env)
-    (launcher,) = [pid for pid in processes_marked(marker) if "torch.distributed.run" in command_line(pid)]
-    os.kill(int(launcher), signal.SIGKILL)
-    stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 2, stdout + stderr
-    assert stdout.splitlines()[-1].startswith("cannot verify: torch.distributed.run was killed by SIGKILL")
     assert processes_marked(marker) == []
 
 

@@ -18,7 +18,7 @@ from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run
 from harness import AFFECTED, RANKS, torchrun
 from import_order import THREAD, spec
 
-from fsdp_autopatch import DDP_MODULE, _matrix
+from fsdp_autopatch import DDP_MODULE, _matrix, _sites
 from fsdp_autopatch._verify import DDP_SUFFIX
 
 pytestmark = pytest.mark.slow
@@ -58,9 +58,8 @@ def assert_trains_like_the_unreplicated_copy(result: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def ddp_in_rows(real_torch: dict[str, str]) -> None:
-    if not _matrix.DDP_ROW.covers(_matrix.release(real_torch["torch"])):
-        pytest.skip(f"torch {real_torch['torch']} is outside composable DDP's rows "
-                    f"({_matrix.DDP_ROW.versions})")
+    if not _sites.sites_of(_sites.DDP_REPLICATE, _matrix.release(real_torch["torch"])):
+        pytest.skip(f"torch {real_torch['torch']} has no composable DDP site in fsdp_autopatch/_sites.py")
 
 
 @pytest.mark.parametrize("order", list(IMPORTS))

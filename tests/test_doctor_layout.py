@@ -8,6 +8,7 @@ torch release could move away from that; the real torch's files, copied and edit
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 from typing import Optional
@@ -18,7 +19,7 @@ from test_cli import add_distribution, one_object, run_cli
 
 from fsdp_autopatch import _doctor, _sites
 
-PROOF = "doctor reads files only; `fsdp-autopatch verify` is the proof"
+PROOF = "Proof: fsdp-autopatch verify"
 SITE_2_6 = "torch/distributed/fsdp/_fully_shard/_fully_shard.py"
 HELPER = "torch/distributed/fsdp/_fully_shard/_fsdp_init.py"
 SITE_2_4 = "torch/distributed/_composable/fsdp/fully_shard.py"
@@ -138,9 +139,17 @@ def torch_tree(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
+def read_from(search: Path, version: str) -> list[_doctor.LayoutAnswer]:
+    """doctor's answers with ``search`` as the only place packages are found."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "path", [str(search)])
+        patch.setattr(sys, "path_importer_cache", {})
+        return _doctor.check_layout(version)
+
+
 def layout(tmp_path: Path, files: dict[str, str], version: str = "2.13.0", api: str = _sites.FULLY_SHARD
            ) -> _doctor.LayoutAnswer:
-    answers = _doctor.check_layout(version, search=[str(torch_tree(tmp_path, files))])
+    answers = read_from(torch_tree(tmp_path, files), version)
     assert [answer.api for answer in answers] == list(_sites.APIS)
     return next(answer for answer in answers if answer.api == api)
 
@@ -151,11 +160,8 @@ def layout(tmp_path: Path, files: dict[str, str], version: str = "2.13.0", api: 
 def test_torch_2_13s_layout_is_known_with_the_function_and_the_wrapper_named(tmp_path: Path) -> None:
     answer = layout(tmp_path, TORCH_2_13_FILES)
     assert answer.known is True
-    assert answer.site == FULLY_SHARD_2_6
-    assert answer.wrapper == "FSDPModule" and answer.file == str(tmp_path / SITE_2_6)
-    assert answer.text == (f"known: {FULLY_SHARD_2_6}: _apply_to_module calls the global type (wrapper class "
-                           f"FSDPModule, in {SITE_2_6}); {PROOF}")
-    assert "will fix" not in answer.text
+    assert answer.site == FULLY_SHARD_2_6 and answer.file == str(tmp_path / SITE_2_6)
+    assert answer.text == "FSDP2 fully_shard site known: _fsdp_init._apply_to_module"
 
 
 def test_a_type_call_in_a_closure_counts(tmp_path: Path) -> None:
@@ -167,13 +173,13 @@ def test_a_type_call_in_a_closure_counts(tmp_path: Path) -> None:
 def test_torch_2_4s_inline_construction_is_known_by_its_type_call(tmp_path: Path) -> None:
     answer = layout(tmp_path, {SITE_2_4: TORCH_2_4}, version="2.4.1")
     assert (answer.known, answer.site) == (True, "torch.distributed._composable.fsdp.fully_shard.fully_shard")
-    assert "fully_shard calls the global type" in answer.text and answer.text.endswith(PROOF)
+    assert answer.text == "FSDP2 fully_shard site known: fully_shard.fully_shard"
 
 
 def test_composable_ddp_is_known_and_fsdp2_replicate_absent_before_2_9(tmp_path: Path) -> None:
     files = {**TORCH_2_13_FILES, DDP: TORCH_DDP}
     ddp = layout(tmp_path, files, api=_sites.DDP_REPLICATE)
-    assert (ddp.known, ddp.wrapper) == (True, "DDP")
+    assert (ddp.known, ddp.text) == (True, "composable DDP replicate site known: replicate.replicate")
     assert ddp.site == "torch.distributed._composable.replicate.replicate"
     replicate = layout(tmp_path, files, api=_sites.FSDP2_REPLICATE)
     assert replicate.known is None and replicate.text == "torch 2.13.0 has no FSDP2 replicate"
@@ -205,8 +211,7 @@ def test_a_layout_that_moved_away_is_unknown_not_ok(
     answer = layout(tmp_path, files)
     assert answer.known is False, case
     assert answer.text.startswith("torch 2.13.0's FSDP2 layout is unknown to fsdp-autopatch ")
-    assert f"{SITE_2_6}: " in answer.text and why in answer.text, answer.text
-    assert answer.text.endswith(PROOF) and "will fix" not in answer.text
+    assert f"{tmp_path / SITE_2_6}: " in answer.text and why in answer.text, answer.text
 
 
 def test_an_inline_type_that_is_not_the_modules_global_is_unknown(tmp_path: Path) -> None:
@@ -214,7 +219,7 @@ def test_an_inline_type_that_is_not_the_modules_global_is_unknown(tmp_path: Path
                    "def fully_shard(module, *, mesh=None, type=type):")
     answer = layout(tmp_path, {SITE_2_4: local}, version="2.4.1")
     assert answer.known is False
-    assert f"{SITE_2_4}: fully_shard does not call the global type" in answer.text
+    assert f"{tmp_path / SITE_2_4}: fully_shard does not call the global type" in answer.text
 
 
 def test_a_re_exporting_shim_is_not_a_site(tmp_path: Path) -> None:
@@ -223,27 +228,27 @@ def test_a_re_exporting_shim_is_not_a_site(tmp_path: Path) -> None:
     renamed = TORCH_2_13.replace("_apply_to_module", "_wrap_modules")
     answer = layout(tmp_path, {SITE_2_6: renamed, HELPER: TORCH_2_13_HELPER, SITE_2_4: shim})
     assert answer.known is False
-    assert f"{SITE_2_6}: no _apply_to_module" in answer.text
-    assert f"{SITE_2_4}: no unimplemented_deepcopy" in answer.text
+    assert f"{tmp_path / SITE_2_6}: no _apply_to_module" in answer.text
+    assert f"{tmp_path / SITE_2_4}: no unimplemented_deepcopy" in answer.text
 
 
 def test_a_torch_without_fsdp2_files_is_unknown(tmp_path: Path) -> None:
     answer = layout(tmp_path, {})
     assert answer.known is False
-    assert "none of the modules where it looks for the class construction is in torch's files" in answer.text
+    assert answer.text.endswith("layout is unknown to fsdp-autopatch 0.2.0: none of the modules where it looks "
+                                "is there")
 
 
 @pytest.mark.parametrize("files, version, expected", [
-    ({SITE_2_6: "def fully_shard(:\n"}, "2.13.0", "cannot tell: this Python cannot compile " + SITE_2_6),
-    (None, "2.13.0", "cannot tell: torch 2.13.0 is installed, but no torch package with source files"),
+    ({SITE_2_6: "def fully_shard(:\n"}, "2.13.0", "cannot tell: {}/" + SITE_2_6 + " cannot be compiled here"),
+    (None, "2.13.0", "cannot tell: no torch package with source files is importable"),
     ({}, "2.3.1", "torch 2.3.1 has no FSDP2"),
 ])
 def test_what_files_cannot_answer_is_cannot_tell(
     tmp_path: Path, files: Optional[dict[str, str]], version: str, expected: str
 ) -> None:
-    search = [str(torch_tree(tmp_path, files) if files is not None else tmp_path)]
-    (answer, *_) = _doctor.check_layout(version, search=search)
-    assert answer.known is None and answer.text.startswith(expected), answer.text
+    (answer, *_) = read_from(torch_tree(tmp_path, files) if files is not None else tmp_path, version)
+    assert answer.known is None and answer.text.startswith(expected.format(tmp_path)), answer.text
     assert answer.doubt is (version != "2.3.1")
 
 
@@ -282,47 +287,49 @@ def test_doctor_strict_is_ok_only_for_a_layout_it_recognises(
     if not bug_in_matrix_here(python):
         pytest.skip("this CPython accepts the ABC swap: the layout decides nothing here")
     command = [python, "-m", "fsdp_autopatch"]
-    strict = run_cli("doctor", "--strict", command=command)
+    shown = run_cli("doctor", command=command)
     report = one_object(run_cli("doctor", "--json", command=command).stdout)
-    assert "will fix" not in strict.stdout
+    known = report["sites"][0]["known"]  # fully_shard's
     if case == "as torch 2.13.0 has it":
-        assert strict.returncode == 0, strict.stdout + strict.stderr
-        assert strict.stdout.splitlines()[-1].startswith("OK: torch 2.13.0 with transformers 4.55.2 has the "
-                                                         "FSDP2 layout bug; the installed patch is set up")
-        assert strict.stdout.splitlines()[-1].endswith(PROOF)
-        assert (report["layout_known"], report["outcome"], report["would_apply"]) == (True, "OK", True)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert shown.stdout.splitlines()[-1] == (
+            f"OK: the patch will fix the bug in every process of this Python. {PROOF}")
+        assert "   ok  FSDP2 fully_shard site known: _fsdp_init._apply_to_module" in shown.stdout.splitlines()
+        assert (known, report["outcome"], report["would_apply"]) == (True, "OK", True)
         return
-    assert strict.returncode == 2, strict.stdout + strict.stderr
-    assert strict.stdout.splitlines()[-1].startswith(
-        "CANNOT TELL: torch 2.13.0's FSDP2 layout is unknown to fsdp-autopatch ")
-    assert (report["layout_known"], report["outcome"], report["would_apply"]) == (False, "CANNOT TELL", None)
-    assert report["strict_exit_code"] == 2 and report["problems"] == []
-    assert run_cli("doctor", command=command).returncode == 0, "without --strict doctor only reports"
+    assert shown.returncode == 2, shown.stdout + shown.stderr
+    assert shown.stdout.splitlines()[-1] == (
+        f"CANNOT TELL: files cannot tell whether the patch will fix it here. {PROOF}")
+    assert "   ??  torch 2.13.0's FSDP2 layout is unknown to fsdp-autopatch" in shown.stdout
+    assert (known, report["outcome"], report["would_apply"]) == (False, "CANNOT TELL", None)
+    assert report["exit_code"] == 2 and report["problems"] == []
 
 
 def test_doctor_strict_cannot_tell_for_a_torch_newer_than_the_matrix(installed: Path, tmp_path: Path) -> None:
     python = environment_with_torch(tmp_path / "venv", installed, "2.99.0", TORCH_2_13)
     command = [python, "-m", "fsdp_autopatch"]
-    strict = run_cli("doctor", "--strict", command=command)
+    shown = run_cli("doctor", command=command)
     if not bug_in_matrix_here(python):
         # CPython 3.15+ accepts the ABC swap whatever torch builds: the Python row decides.
-        assert strict.returncode == 0, strict.stdout + strict.stderr
-        assert strict.stdout.splitlines()[-1].startswith("OK: nothing to fix: CPython ")
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert shown.stdout.splitlines()[-1].startswith("OK: nothing to fix: ")
         return
-    assert strict.returncode == 2, strict.stdout + strict.stderr
-    assert strict.stdout.splitlines()[-1].startswith("CANNOT TELL: torch 2.99.0 is newer than the matrix")
+    assert shown.returncode == 2, shown.stdout + shown.stderr
+    assert "   ??  torch 2.99.0 is newer than the version matrix: a probe decides at import" in shown.stdout
+    assert shown.stdout.splitlines()[-1] == f"CANNOT TELL: files cannot tell whether the patch will fix it here. {PROOF}"
     report = one_object(run_cli("doctor", "--json", env=environment(), command=command).stdout)
-    assert (report["layout_known"], report["would_apply"], report["outcome"]) == (True, None, "CANNOT TELL")
+    assert (report["sites"][0]["known"], report["would_apply"], report["outcome"]) == (True, None, "CANNOT TELL")
     # Switched off, the patch certainly stays out, but whether that torch needs it is still unknown.
-    off = run_cli("doctor", "--strict", env=environment(FSDP_AUTOPATCH="0"), command=command)
+    off = run_cli("doctor", env=environment(FSDP_AUTOPATCH="0"), command=command)
     assert off.returncode == 2, off.stdout + off.stderr
     assert off.stdout.splitlines()[-1] == (
-        "CANNOT TELL: torch 2.99.0 is newer than the matrix and may still need the patch, but "
-        "FSDP_AUTOPATCH=0 disables the patch; unset FSDP_AUTOPATCH (or set it to auto)")
+        "CANNOT TELL: torch 2.99.0 may need the patch, and it will not be applied: FSDP_AUTOPATCH=0 turns the "
+        "patch off")
     # Forced, the patch applies whatever the matrix says.
-    forced = run_cli("doctor", "--strict", env=environment(FSDP_AUTOPATCH="force"), command=command)
+    forced = run_cli("doctor", env=environment(FSDP_AUTOPATCH="force"), command=command)
     assert forced.returncode == 0, forced.stdout + forced.stderr
-    assert forced.stdout.splitlines()[-1].startswith("OK: FSDP_AUTOPATCH=force: patching torch 2.99.0")
+    assert forced.stdout.splitlines()[-1] == (
+        f"OK: FSDP_AUTOPATCH=force: the patch will be applied in every process. {PROOF}")
 
 
 @pytest.mark.slow
@@ -335,7 +342,7 @@ def test_the_installed_torchs_own_files_are_known_and_their_edits_are_not(
         if answer.api == _sites.FSDP2_REPLICATE and answer.known is None:
             continue  # torch before 2.9 has none
         assert answer.known is True and answer.file is not None, answer.text
-        assert answer.text.endswith(PROOF)
+        assert answer.text.startswith(f"{answer.api} site known: ")
     # The fully_shard site's files, copied and then edited as a release moving away could.
     site = next(site for site in _sites.SITES if site.name == answers[0].site)
     sources = {}

@@ -514,15 +514,21 @@ def assert_unpatched_like(report: dict[str, Any], unpatched: dict[str, Any]) -> 
 def test_wrapt_unusable_real_imports(
     tmp_path: Path, unpatched: dict[str, Any], patched: dict[str, Any], fault: str
 ) -> None:
-    """torch and transformers import and work, unpatched; status() says why."""
+    """torch and transformers import and work, unpatched; status() says why, and, where the bug is
+    here, so does one line on stderr, by default: the cause and what to type."""
     exception = ('ModuleNotFoundError("No module named \'wrapt\'", name="wrapt")' if fault == "missing"
                  else 'RuntimeError("wrapt is broken")')
     # PYTHONPATH puts the broken wrapt ahead of the installed one.
     write_module(tmp_path, "wrapt", f"raise {exception}\n")
     report, result = shard(pythonpath=tmp_path)
     assert_unpatched_like(report, unpatched)
-    assert "wrapt could not be imported" in report["status"]["reason"]
-    assert own_lines(result.stderr) == [] and "Traceback" not in result.stderr
+    cause, remedy = (("wrapt is not installed", "pip install wrapt") if fault == "missing" else
+                     ("wrapt cannot be imported (RuntimeError: wrapt is broken)", "pip install --force-reinstall wrapt"))
+    assert report["status"]["reason"] == f"{cause}; {remedy}"
+    said = [f"fsdp-autopatch: cannot fix the layout bug for ABC modules here: {cause} ({remedy})"]
+    assert own_lines(result.stderr) == said[:layout_bug_here()] and "Traceback" not in result.stderr
+    # Under a launcher, the first process of a node speaks for it: the others say nothing.
+    assert own_lines(shard(pythonpath=tmp_path, LOCAL_RANK="1")[1].stderr) == []
 
 
 @pytest.mark.slow
@@ -611,6 +617,19 @@ def test_patch_raising(unpatched: dict[str, Any], injection: str) -> None:
     assert message in report["status"]["reason"]
     if not sharded:
         assert_unpatched_like(report, unpatched)
+    said = spoken(result.stderr)
+    if injection == "decide":  # whether the bug is here is what failed: nothing to say it about
+        assert said == []
+        return
+    # One line: which wrapper stays broken, the cause, what to do.
+    (line,) = said
+    assert line.startswith("fsdp-autopatch: cannot fix ") and message in line, line
+    assert line.endswith("(upgrade fsdp-autopatch, or report it)"), line
+
+
+def spoken(stderr: str) -> list[str]:
+    """The lines the package prints by default (not its log, which a test may have asked for)."""
+    return [line for line in stderr.splitlines() if line.startswith("fsdp-autopatch: ")]
 
 
 @pytest.mark.slow
@@ -625,6 +644,11 @@ def test_class_building_raising(unpatched: dict[str, Any]) -> None:
         assert "self-check" in report["status"]["reason"]
         assert "fsdp-autopatch failed: RuntimeError: injected: wrapper_class" in report["status"]["reason"]
         assert "injected: wrapper_class" in result.stderr
+        # A failed self-check is said by default too: one line, the cause and what to do.
+        (line,) = spoken(result.stderr)
+        assert line.startswith("fsdp-autopatch: cannot fix FSDP2 fully_shard's layout bug for ABC modules "
+                               "here: the fix failed its self-check: ") and "injected: wrapper_class" in line
+        assert line.endswith("(upgrade fsdp-autopatch, or report it)")
 
 
 # transformers first: the decision is then taken when torch.distributed.fsdp finishes importing.
@@ -641,3 +665,7 @@ def test_unknown_fsdp_layout(unpatched: dict[str, Any], patched: dict[str, Any])
     assert report["result"].get("error") == unpatched.get("error")
     assert "FSDP2 layout is unknown" in report["status"]["reason"], report["status"]
     assert "Traceback" not in result.stderr
+    said = spoken(result.stderr)
+    assert len(said) == layout_bug_here(), said
+    assert all(line.startswith("fsdp-autopatch: cannot fix FSDP2 fully_shard's layout bug for ABC modules here: ")
+               and line.endswith("(upgrade fsdp-autopatch)") for line in said)

@@ -77,20 +77,20 @@ def test_force_mode_patches_whatever_the_versions(installed: Path) -> None:
 IMPORT_BOTH = HERE / "import_both.py"
 
 
-def test_silent_by_default_and_one_info_line_when_asked(real_torch: dict[str, str]) -> None:
+def test_silent_by_default_and_at_info_the_sites_are_debug(real_torch: dict[str, str]) -> None:
+    """Importing FSDP2 and transformers changes nothing in a run: nothing at INFO (a compatible
+    class built is INFO, tests/test_fully_shard.py); the decision and the sites patched at DEBUG."""
     quiet = run_program(IMPORT_BOTH)
     assert quiet.stdout == f"{layout_bug_here()}\n" and own_lines(quiet.stderr) == []
-    told = run_program(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH_LOG="info"))
-    lines = own_lines(told.stderr)
-    # One line per site patched (FSDP2 imports composable DDP too), or one saying why not.
-    actions = (["patched FSDP2 fully_shard for ABC-based modules at ",
-                "patched composable DDP replicate for ABC-based modules at "]
-               if layout_bug_here() else ["not patching"])
-    assert len(lines) == len(actions)
-    for line, action in zip(lines, actions):
-        assert line.startswith(f"fsdp-autopatch INFO: {action}")
-        assert f"transformers {real_torch['transformers']}" in line
-        assert "(decided by the probe)" in line and "(probed)" in line
+    assert own_lines(run_program(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH_LOG="info")).stderr) == []
+    told = own_lines(run_program(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH_LOG="debug")).stderr)
+    decision = [line for line in told if "(decided by the probe)" in line]
+    assert len(decision) == 1 and f"transformers {real_torch['transformers']}" in decision[0]
+    assert decision[0].startswith(f"fsdp-autopatch DEBUG: {'' if layout_bug_here() else 'not '}patching")
+    sites = [line.split(" at ")[0] for line in told if line.startswith("fsdp-autopatch DEBUG: patched ")]
+    # FSDP2 imports composable DDP too.
+    assert sites == (["fsdp-autopatch DEBUG: patched FSDP2 fully_shard",
+                      "fsdp-autopatch DEBUG: patched composable DDP replicate"] if layout_bug_here() else [])
 
 
 @pytest.mark.parametrize("value", ["yes please", "ünïcødé", "$(rm -rf ~) ; `id` | &", "x" * 5000])
@@ -137,12 +137,18 @@ def test_unknown_fsdp2_layout_is_said_within_the_import(real_torch: dict[str, st
 
     assert expected.startswith("FSDP2 fully_shard runs unpatched: torch ")
     assert f"'s FSDP2 layout is unknown to fsdp-autopatch {__version__}" in expected
-    assert "upgrade fsdp-autopatch" in expected and "FSDP_AUTOPATCH=0" in expected
+    assert expected.endswith("; upgrade fsdp-autopatch")
     assert status["applied"] is False and status["reason"].endswith(f"; {expected}")
     assert status["transformers"] is None
     after = second["at_transformers"]
     assert after["transformers"] == real_torch["transformers"] and after["reason"].endswith(f"; {expected}")
     assert after["sites"] == ([f"{DDP_MODULE}.replicate"] if layout_bug_here() else [])
+    # Once transformers shows the bug is here, the user reads it, once, by default too.
+    problem = expected.removeprefix("FSDP2 fully_shard runs unpatched: ").removesuffix("; upgrade fsdp-autopatch")
+    said = [f"fsdp-autopatch: cannot fix FSDP2 fully_shard's layout bug for ABC modules here: {problem} "
+            "(upgrade fsdp-autopatch)"] if layout_bug_here() else []
+    assert [line for line in own_lines(moved.stderr) if "WARNING" not in line] == said
+    assert own_lines(run_program(HERE / "moved_name.py", "fsdp2-then-transformers").stderr) == said
 
     # The same process with torch's names where they are: waiting for transformers, silent.
     known = run_program(HERE / "moved_name.py", "fsdp2-then-transformers", "--keep",
@@ -237,6 +243,9 @@ def test_a_decision_that_cannot_tell_is_a_warning(real_torch: dict[str, str]) ->
     assert "newer than the matrix" in status["reason"] and "could not be probed" in status["reason"]
     assert warnings_of(result.stderr) == [
         f"fsdp-autopatch WARNING: not patching (decided by the version matrix): {status['reason']}"]
+    # The user reads it by default too, once.
+    told = own_lines(run_program(HERE / "newer_unprobed.py").stderr)
+    assert told == [f"fsdp-autopatch: cannot fix the layout bug for ABC modules here: {status['reason']}"]
 
 
 def test_unknown_layout_names_transformers_when_it_is_imported(real_torch: dict[str, str]) -> None:

@@ -1,5 +1,5 @@
 """replicate() (``torch.distributed._composable.replicate_with_fsdp``, on the torch releases of
-``_matrix.REPLICATE_ROW``) with the installed patch, on real torch and transformers, in fresh
+``_sites``' FSDP2 replicate rows) with the installed patch, on real torch and transformers, in fresh
 interpreters on a gloo CPU group.
 
 replicate() builds ``Replicate<Name>`` classes the way fully_shard builds ``FSDP<Name>``, with its
@@ -19,7 +19,7 @@ import pytest
 from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_program
 from import_order import THREAD, spec
 
-from fsdp_autopatch import _matrix
+from fsdp_autopatch import _matrix, _sites
 
 pytestmark = pytest.mark.slow
 
@@ -58,9 +58,9 @@ def replicate_and_train(order: str, **env: str) -> tuple[dict[str, Any], dict[st
 
 @pytest.fixture(scope="module")
 def replicate_builds_classes(real_torch: dict[str, str]) -> None:
-    if not _matrix.REPLICATE_ROW.covers(_matrix.release(real_torch["torch"])):
-        pytest.skip(f"torch {real_torch['torch']}: replicate() builds Replicate<Name> classes only on "
-                    f"torch {_matrix.REPLICATE_ROW.versions}")
+    if not _sites.sites_of(_sites.FSDP2_REPLICATE, _matrix.release(real_torch["torch"])):
+        pytest.skip(f"torch {real_torch['torch']}: replicate() builds Replicate<Name> classes only from torch "
+                    "2.9 on")
 
 
 @pytest.fixture(scope="module", params=ORDERS)
