@@ -15,16 +15,8 @@ import sys
 from typing import IO, Optional, Sequence
 
 import fsdp_autopatch
-from fsdp_autopatch import _doctor, _matrix, _verify, _verify_command
-from fsdp_autopatch._console import (
-    EXIT_CANNOT_TELL,
-    EXIT_CLOSED_PIPE,
-    EXIT_INTERRUPTED,
-    INSTALL_COMMAND,
-    PROG,
-    Console,
-    Terminated,
-)
+from fsdp_autopatch import _console, _doctor, _matrix, _verify, _verify_command
+from fsdp_autopatch._console import PROG
 
 DOCTOR_EXIT_CODES = """\
 exit codes (the verdict):
@@ -85,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Check that PyTorch FSDP2 and composable DDP work on models with abc.ABC ahead of "
                     f"nn.Module (transformers {_matrix.AFFECTED_TRANSFORMERS} heads) in this Python.",
-        epilog=f"in a Dockerfile:\n  RUN {INSTALL_COMMAND} && {PROG} verify\n",
+        epilog=f"in a Dockerfile:\n  RUN {_console.INSTALL_COMMAND} && {PROG} verify\n",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {fsdp_autopatch.__version__}")
     quiet = {"action": "store_true", "help": "print only the one-line verdict (and warnings)"}
@@ -136,11 +128,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return code
     except BrokenPipeError:
         silence_closed_pipe()
-        return EXIT_CLOSED_PIPE
+        return _console.EXIT_CLOSED_PIPE
     except KeyboardInterrupt:
         say_stopped(command[0], "interrupted")
-        return EXIT_INTERRUPTED
-    except Terminated as terminated:  # verify, once it has stopped its ranks
+        return _console.EXIT_INTERRUPTED
+    except _console.Terminated as terminated:  # verify, once it has stopped its ranks
         say_stopped(command[0], f"stopped by {signal.Signals(terminated.signum).name}")
         return int(terminated.code or 0)
 
@@ -157,14 +149,14 @@ def dispatch(argv: Optional[Sequence[str]], command: list[Optional[str]]) -> int
     try:
         options = parser.parse_args(argv)
     except SystemExit as exit:  # --help, --version and usage errors: argparse has printed them
-        return exit.code if isinstance(exit.code, int) else EXIT_CANNOT_TELL
+        return exit.code if isinstance(exit.code, int) else _console.EXIT_CANNOT_TELL
     if options.command is None:
         parser.print_usage(sys.stderr)
         print(f"{PROG}: choose a command: doctor (check this environment) or verify (prove the fix)",
               file=sys.stderr)
-        return EXIT_CANNOT_TELL
+        return _console.EXIT_CANNOT_TELL
     command[0] = options.command
-    return int(options.run(options, Console(quiet=options.quiet or options.json)))
+    return int(options.run(options, _console.Console(quiet=options.quiet or options.json)))
 
 
 def silence_closed_pipe() -> None:

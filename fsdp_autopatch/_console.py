@@ -9,30 +9,23 @@ from __future__ import annotations
 import os
 import sys
 from importlib import metadata
-from typing import IO, ClassVar, Optional
+from typing import IO, Optional
 
-PROG = "fsdp-autopatch"
-DISTRIBUTION = "fsdp-autopatch"
+PROG = DISTRIBUTION = "fsdp-autopatch"
 PACKAGES = ("torch", "transformers")
-
-# pyproject.toml's [project.urls] Source; tests/test_cli_help.py keeps the two in step. The
-# package is not on PyPI: a bare "pip install fsdp-autopatch" would find nothing (or someone
-# else's upload), so every install the command suggests names the repository.
+# pyproject.toml's [project.urls] Source (tests/test_cli_help.py keeps them in step). The package
+# is not on PyPI: a bare "pip install fsdp-autopatch" would find nothing, or someone else's
+# upload, so every install the command suggests names the repository.
 SOURCE_URL = "https://github.com/fsdp-autopatch/fsdp-autopatch"
-INSTALL_REQUIREMENT = f"fsdp-autopatch @ git+{SOURCE_URL}"
-INSTALL_COMMAND = f'pip install "{INSTALL_REQUIREMENT}"'
-REINSTALL_COMMAND = f'pip install --force-reinstall "{INSTALL_REQUIREMENT}"'
+INSTALL_COMMAND = f'pip install "fsdp-autopatch @ git+{SOURCE_URL}"'
+REINSTALL_COMMAND = INSTALL_COMMAND.replace("install", "install --force-reinstall", 1)
 
-# The exit codes, each a verdict: OK; the bug is here and not fixed (doctor's PROBLEM, verify's
-# FAIL); no verdict (doctor's CANNOT TELL, verify cannot run here, a usage error, which is
-# argparse's 2 too); what a shell reports for a coreutils command whose reader went away (128 +
-# SIGPIPE: Python ignores SIGPIPE, so the command says it with its code) and for Ctrl-C (128 +
-# SIGINT).
-EXIT_OK = 0
-EXIT_BROKEN = 1
-EXIT_CANNOT_TELL = 2
-EXIT_CLOSED_PIPE = 141
-EXIT_INTERRUPTED = 130
+# Each exit code is a verdict. 1: the bug is here and not fixed (doctor's PROBLEM, verify's FAIL);
+# 2: no verdict (doctor's CANNOT TELL, verify cannot run here, a usage error, argparse's 2 too).
+# 130 and 141: what a shell reports for a command stopped by Ctrl-C (128 + SIGINT) or cut off by
+# its reader (128 + SIGPIPE, which Python ignores: the command says it with its code).
+EXIT_OK, EXIT_BROKEN, EXIT_CANNOT_TELL, EXIT_INTERRUPTED, EXIT_CLOSED_PIPE = 0, 1, 2, 130, 141
+COLOURS = {"green": "32", "red": "31", "yellow": "33", "bold": "1", "dim": "2"}
 
 
 class Terminated(SystemExit):
@@ -47,13 +40,10 @@ class Terminated(SystemExit):
 class Console:
     """Where output goes: details and progress can be silenced, verdicts and warnings cannot.
     The streams are looked up at each write, so output follows ``sys.stdout``/``sys.stderr``
-    when a caller (or a test) replaces them."""
-
-    COLOURS: ClassVar[dict[str, str]] = {"green": "32", "red": "31", "yellow": "33", "bold": "1", "dim": "2"}
+    when a caller (or a test) replaces them; pythonw and some services have them None."""
 
     def __init__(self, quiet: bool, out: Optional[IO[str]] = None, err: Optional[IO[str]] = None) -> None:
-        self.quiet = quiet
-        self._out, self._err = out, err
+        self.quiet, self._out, self._err = quiet, out, err
 
     @property
     def out(self) -> IO[str]:
@@ -64,32 +54,30 @@ class Console:
         return self._err if self._err is not None else sys.stderr
 
     def paint(self, text: str, colour: str, on_err: bool = False) -> str:
-        stream = self.err if on_err else self.out
         # https://no-color.org; TERM=dumb is what editors and some CI runners set for plain terminals.
-        if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb" or not getattr(
-                stream, "isatty", lambda: False)():
+        if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
             return text
-        return f"\x1b[{self.COLOURS[colour]}m{text}\x1b[0m"
+        try:
+            terminal = (self.err if on_err else self.out).isatty()
+        except (AttributeError, ValueError):  # None, or closed
+            terminal = False
+        return f"\x1b[{COLOURS[colour]}m{text}\x1b[0m" if terminal else text
+
+    def write(self, stream: Optional[IO[str]], text: str, always: bool = True) -> None:
+        if stream is not None and (always or not self.quiet):
+            print(text, file=stream, flush=True)
 
     def detail(self, text: str) -> None:
-        if not self.quiet:
-            write(self.out, text)
+        self.write(self.out, text, always=False)
 
     def progress(self, text: str) -> None:
-        if not self.quiet:
-            write(self.err, text)
+        self.write(self.err, text, always=False)
 
     def verdict(self, text: str, colour: str) -> None:
-        write(self.out, self.paint(text, colour))
+        self.write(self.out, self.paint(text, colour))
 
     def warning(self, text: str) -> None:
-        write(self.err, self.paint(text, "yellow", on_err=True))
-
-
-def write(stream: Optional[IO[str]], text: str) -> None:
-    # pythonw and some service managers run with sys.stdout/sys.stderr set to None.
-    if stream is not None:
-        print(text, file=stream, flush=True)
+        self.write(self.err, self.paint(text, "yellow", on_err=True))
 
 
 def installed_version(package: str) -> Optional[str]:

@@ -28,27 +28,16 @@ from typing import Any, Optional
 from urllib.parse import unquote, urlparse
 
 import fsdp_autopatch
-from fsdp_autopatch import _config, _matrix, _sites
-from fsdp_autopatch._console import (
-    DISTRIBUTION,
-    EXIT_BROKEN,
-    EXIT_CANNOT_TELL,
-    EXIT_OK,
-    PACKAGES,
-    PROG,
-    REINSTALL_COMMAND,
-    Console,
-    installed_version,
-)
+from fsdp_autopatch import _config, _console, _matrix, _sites
+from fsdp_autopatch._console import PROG, Console, installed_version
 
 PTH_NAME = "fsdp_autopatch.pth"
 START_NAME = "fsdp_autopatch.start"
 PLUGIN_GROUP = "torch.backends"
-
 # The verdict's first word, and the exit code it is.
 OK, PROBLEM, CANNOT_TELL = "OK", "PROBLEM", "CANNOT TELL"
-EXIT_CODE = {OK: EXIT_OK, PROBLEM: EXIT_BROKEN, CANNOT_TELL: EXIT_CANNOT_TELL}
-# The mark of each fact: fine, a problem, files cannot tell, or a problem that does not matter here.
+EXIT_CODE = {OK: _console.EXIT_OK, PROBLEM: _console.EXIT_BROKEN, CANNOT_TELL: _console.EXIT_CANNOT_TELL}
+# The mark of a fact: fine, a problem, files cannot tell, or a problem that does not matter here.
 GOOD, FAILED, UNKNOWN, IRRELEVANT = "ok", "FAIL", "??", "--"
 # The one caveat, said once, on the verdict line.
 PROOF = f"Proof: {PROG} verify"
@@ -58,8 +47,7 @@ def same_path(a: Path, b: Path) -> bool:
     return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
 
 
-# ---------------------------------------------------------------------------------------------
-# which fsdp_autopatch this is: an installation, or a source tree
+# --- which fsdp_autopatch this is: an installation, or a source tree --------------------------
 
 INSTALLED, EDITABLE, SOURCE_TREE, UNOWNED = "installed", "editable", "source tree", "not installed"
 
@@ -99,59 +87,37 @@ def check_installation() -> Installation:
     this Python load at start-up."""
     package = Path(fsdp_autopatch.__file__).resolve().parent
     root = package.parent
+    installed_at: Optional[Path] = None
     try:
-        distribution: Optional[metadata.Distribution] = metadata.distribution(DISTRIBUTION)
+        distribution = metadata.distribution(_console.DISTRIBUTION)
     except metadata.PackageNotFoundError:
         distribution = None
-    installed_at: Optional[Path] = None
     if distribution is not None:
-        installed = Path(str(distribution.locate_file("fsdp_autopatch/__init__.py")))
+        installed = Path(str(distribution.locate_file("fsdp_autopatch/__init__.py"))).parent
         editable = editable_directory(distribution)
-        if installed.is_file():
-            if same_path(installed.parent, package):
+        if installed.is_dir():
+            if same_path(installed, package):
                 return Installation(INSTALLED, f"installed in {package.parent}")
-            installed_at = installed.parent
+            installed_at = installed
         elif editable is not None:
             if same_path(editable, root):
                 return Installation(EDITABLE, f"an editable install of {root}")
             installed_at = editable / "fsdp_autopatch"
     if is_source_tree(root):
-        if installed_at is not None:
-            return Installation(SOURCE_TREE, (
-                f"{root} is a source tree, not the installed fsdp-autopatch {installed_at} (run from "
-                "another directory)"))
         return Installation(SOURCE_TREE, (
-            f"{root} is a source tree, and fsdp-autopatch is not installed for {sys.executable} "
-            "(pip install . there, then run from another directory)"))
+            f"{root} is a source tree, not the installed fsdp-autopatch {installed_at} (run from another "
+            "directory)" if installed_at else f"{root} is a source tree, and fsdp-autopatch is not installed "
+            f"for {sys.executable} (pip install . there, then run from another directory)"))
     elsewhere = f"; the installed one is {installed_at}" if installed_at else ""
     return Installation(UNOWNED, f"{package} belongs to no installed distribution{elsewhere}")
 
 
-# ---------------------------------------------------------------------------------------------
-# what arms interpreters of this Python: the start-up file, or torch's plugin entry point
-
-
-def site_directories() -> list[Path]:
-    user = site.getusersitepackages()
-    return [Path(path) for path in site.getsitepackages()] + ([Path(user)] if user else [])
-
-
-def find_startup_file(name: str, skip: Optional[Path]) -> Optional[Path]:
-    """The installed file, looked for beside the distribution first, then in every site directory
-    and ``sys.path`` entry; ``skip``: a source tree, whose copy is no installed file."""
-    candidates: list[Path] = []
-    try:
-        candidates.append(Path(str(metadata.distribution(DISTRIBUTION).locate_file(""))))
-    except metadata.PackageNotFoundError:
-        pass
-    candidates += site_directories() + [Path(entry) for entry in sys.path if entry]
-    found = (directory / name for directory in candidates if skip is None or not same_path(directory, skip))
-    return next((path for path in found if path.is_file()), None)
+# --- what arms interpreters of this Python: the start-up file, or torch's plugin entry point ---
 
 
 @dataclass
 class StartupCheck:
-    """Which start-up file interpreters of this Python use, and whether site.py reads it here."""
+    """The start-up files found, the one this Python uses, and whether site.py reads it here."""
 
     pth: Optional[Path]
     start: Optional[Path]
@@ -160,8 +126,18 @@ class StartupCheck:
     detail: str
 
 
-def check_startup(skip: Optional[Path]) -> StartupCheck:
-    pth, start = find_startup_file(PTH_NAME, skip), find_startup_file(START_NAME, skip)
+def installed_file(name: str) -> Optional[Path]:
+    """A file the distribution installed at the root of its site directory (a source tree's
+    copy is none), or None."""
+    try:
+        path = Path(str(metadata.distribution(_console.DISTRIBUTION).locate_file(name)))
+    except metadata.PackageNotFoundError:
+        return None
+    return path if path.is_file() else None
+
+
+def check_startup() -> StartupCheck:
+    pth, start = installed_file(PTH_NAME), installed_file(START_NAME)
     # PEP 829: from Python 3.15 a matching .start file replaces the .pth import line, and from
     # 3.18 .pth import lines are not run at all.
     uses_start = sys.version_info >= (3, 15) and start is not None
@@ -170,24 +146,18 @@ def check_startup(skip: Optional[Path]) -> StartupCheck:
         return StartupCheck(pth, start, None, False, f"{PTH_NAME} is not installed")
     if not uses_start and sys.version_info >= (3, 18):
         return StartupCheck(pth, start, used, False, f"Python 3.18+ ignores {PTH_NAME}'s import line")
-    read, detail = site_reads(used.parent)
-    return StartupCheck(pth, start, used, read, detail)
-
-
-def site_reads(directory: Path) -> tuple[bool, str]:
-    """Whether this interpreter's site.py processes start-up files in ``directory``, and why."""
-    if sys.flags.no_site:
-        return False, "python -S reads no start-up file"
+    directory, user = used.parent, site.getusersitepackages()
     on_path = any(same_path(directory, Path(entry)) for entry in sys.path if entry)
-    if any(same_path(directory, Path(path)) for path in site.getsitepackages()):
-        return on_path, (f"{directory} is a site-packages directory" if on_path
-                         else f"{directory} is not on sys.path here")
-    user = site.getusersitepackages()
-    if user and same_path(directory, Path(user)):
-        return bool(site.ENABLE_USER_SITE), (
-            f"{directory} is the user site directory" if site.ENABLE_USER_SITE
-            else f"this interpreter skips the user site directory {directory}")
-    return False, f"{directory} is not a site directory (PYTHONPATH or pip install --target?)"
+    if sys.flags.no_site:
+        read, detail = False, "python -S reads no start-up file"
+    elif any(same_path(directory, Path(path)) for path in site.getsitepackages()):
+        read, detail = on_path, f"{directory} is {'' if on_path else 'not '}on sys.path here"
+    elif user and same_path(directory, Path(user)):
+        read = bool(site.ENABLE_USER_SITE)
+        detail = f"this interpreter {'reads' if read else 'skips'} the user site directory {directory}"
+    else:
+        read, detail = False, f"{directory} is not a site directory (PYTHONPATH or pip install --target?)"
+    return StartupCheck(pth, start, used, read, detail)
 
 
 def check_plugin(torch_version: Optional[str]) -> tuple[bool, str]:
@@ -209,23 +179,21 @@ def check_plugin(torch_version: Optional[str]) -> tuple[bool, str]:
         ours = any(entry.name == "fsdp_autopatch" for entry in group)
     except Exception as error:
         return False, f"the {PLUGIN_GROUP} entry points cannot be read ({type(error).__name__}: {error})"
-    if not ours:
-        return False, f"its {PLUGIN_GROUP} entry point is not installed"
-    return True, f"torch calls its {PLUGIN_GROUP} entry point"
+    return ours, f"torch calls its {PLUGIN_GROUP} entry point" if ours else \
+        f"its {PLUGIN_GROUP} entry point is not installed"
 
 
-def arming_remedy(startup: StartupCheck, plugin_detail: str) -> str:
+def arming_remedy(plugin_detail: str) -> str:
     """What to do where nothing arms interpreters of this Python: never a reinstall where the
     installation is whole (tooling that strips .pth files strips them again)."""
     if plugin_detail.startswith(_config.PLUGIN_SWITCH):
         return f"unset {_config.PLUGIN_SWITCH}, or call fsdp_autopatch.apply() in the training script"
     if plugin_detail.endswith("entry point is not installed"):
-        return f"reinstall: {REINSTALL_COMMAND}"
+        return f"reinstall: {_console.REINSTALL_COMMAND}"
     return "call fsdp_autopatch.apply() in the training script"
 
 
-# ---------------------------------------------------------------------------------------------
-# torch's class-construction sites, read from its source files
+# --- torch's class-construction sites, read from its source files -----------------------------
 
 
 def module_file(name: str) -> Optional[Path]:
@@ -237,47 +205,35 @@ def module_file(name: str) -> Optional[Path]:
         spec = util.find_spec(parts[0])
         for end in range(2, len(parts) + 1):
             locations = getattr(spec, "submodule_search_locations", None)
-            if spec is None or locations is None:
+            if locations is None:
                 return None
             spec = machinery.PathFinder.find_spec(".".join(parts[:end]), list(locations))
     except (ImportError, ValueError):
         return None
     origin = getattr(spec, "origin", None)
-    if spec is None or not origin or not spec.has_location:
-        return None
-    path = Path(origin)
-    return path if path.suffix == ".py" and path.is_file() else None
+    path = Path(origin) if origin and spec.has_location else None  # type: ignore[union-attr]
+    return path if path is not None and path.suffix == ".py" and path.is_file() else None
 
 
-@dataclass(frozen=True)
-class CompiledModule:
-    """A module's source compiled (not run): the names its top level binds, and the code of
-    its top-level functions, which is what the patch reads of the live module's functions."""
-
-    names: frozenset[str]
-    functions: dict[str, list[types.CodeType]]
-
-
-def compile_module(path: Path) -> CompiledModule:
-    """Raises OSError, UnicodeDecodeError, SyntaxError or ValueError for a file this Python
-    cannot read or compile."""
+def compile_module(path: Path) -> tuple[frozenset[str], dict[str, list[types.CodeType]]]:
+    """A module's source compiled, not run: the names its top level binds (if/try/with blocks
+    included), and the code of its top-level functions, as the patch reads the live ones.
+    Raises OSError, UnicodeDecodeError, SyntaxError or ValueError where it cannot."""
     code = compile(path.read_text(encoding="utf-8"), str(path), "exec", dont_inherit=True)
-    # if/try/with blocks at the top level are part of the module's own code object.
     names = frozenset(instruction.argval for instruction in dis.get_instructions(code)
                       if instruction.opname in ("STORE_NAME", "STORE_GLOBAL"))
     functions: dict[str, list[types.CodeType]] = {}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             functions.setdefault(const.co_name, []).append(const)
-    return CompiledModule(names, functions)
+    return names, functions
 
 
 @dataclass(frozen=True)
 class LayoutAnswer:
     """For one API of ``_sites.APIS``: ``known``: True: a site the patch knows is in the files;
-    False: the API's modules are there but none of its sites (a layout unknown to this
-    version); None: nothing to tell (not installed, no such API), or, ``doubt``, files that
-    cannot be read."""
+    False: the API's modules are there but none of its sites (a layout unknown to this version);
+    None: nothing to tell (not installed, no such API), or, ``doubt``, files that cannot be read."""
 
     api: str
     known: Optional[bool]
@@ -295,35 +251,35 @@ def check_layout(torch_version: Optional[str]) -> list[LayoutAnswer]:
     for api in _sites.APIS:
         distribution = _sites.distribution_of(api)
         version = torch_version if distribution == "torch" else installed_version(distribution)
-        row = _torch_row(version) if distribution == "torch" else None
+        row = torch_row(version) if distribution == "torch" else None
         if version is None:
             answers.append(LayoutAnswer(api, None, f"{distribution} is not installed"))
         elif row is not None and not row.affected:
             answers.append(LayoutAnswer(api, None, f"torch {version} has no FSDP2"))
         else:
-            answers.append(_read_api(api, distribution, version))
+            answers.append(read_api(api, distribution, version))
     return answers
 
 
-def _torch_row(version: Optional[str]) -> Optional[_matrix.Row]:
+def torch_row(version: Optional[str]) -> Optional[_matrix.Row]:
     try:
         return _matrix.row_for(_matrix.TORCH_ROWS, version) if version else None
     except ValueError:
         return None
 
 
-def _read_api(api: str, distribution: str, version: str) -> LayoutAnswer:
+def read_api(api: str, distribution: str, version: str) -> LayoutAnswer:
     """One API's answer from the files of its distribution (``version`` installed)."""
-    compiled: dict[str, CompiledModule] = {}
+    compiled: dict[str, tuple[frozenset[str], dict[str, list[types.CodeType]]]] = {}
     files: dict[str, Path] = {}
 
     def has(module: str, name: str) -> bool:
-        return module in compiled and name in compiled[module].names
+        return module in compiled and name in compiled[module][0]
 
     def code_of(module: str, name: str) -> list[types.CodeType]:
-        return compiled[module].functions.get(name, []) if module in compiled else []
+        return compiled[module][1].get(name, []) if module in compiled else []
 
-    sites = [site for site in _sites.SITES if site.api == api]
+    sites = _sites.sites_of(api)
     top = sites[0].module.split(".")[0]
     if module_file(top) is None:
         return LayoutAnswer(api, None, f"cannot tell: no {top} package with source files is importable",
@@ -356,8 +312,7 @@ def _read_api(api: str, distribution: str, version: str) -> LayoutAnswer:
                                     f"{found or 'none of the modules where it looks is there'}")
 
 
-# ---------------------------------------------------------------------------------------------
-# the report and its verdict
+# --- the report and its verdict -----------------------------------------------------------------
 
 
 @dataclass
@@ -383,49 +338,41 @@ class DoctorReport:
     mode: str
     mode_value: Optional[str]
     mode_problem: Optional[str]
-    # True: the matrix lists the pair as having the bug on this Python; False: free of it;
-    # None: it cannot tell (training processes ask torch and CPython directly).
+    # True: the version rows show the bug for the pair on this Python; False: none; None: they
+    # cannot tell (training processes ask torch and CPython directly).
     in_matrix: Optional[bool]
     reason: str
-    sites: list[dict[str, Any]]  # a LayoutAnswer per API of _sites.APIS
+    sites: list[dict[str, Any]]  # a LayoutAnswer per API
     pth_installed: Optional[str]
     start_installed: Optional[str]
-    startup_file: Optional[str]
     startup_read: bool
     startup_detail: str
     plugin_arms: bool
     plugin_detail: str
-    # The route that arms interpreters like this one, None where nothing does; and what armed
-    # this very process, and what arming caught here if it failed.
-    arms_by: Optional[str]
-    armed_by: Optional[str]
-    startup_error: Optional[str]
-    # True: the patch is set up to apply; False: it will not be; None: files cannot tell.
-    would_apply: Optional[bool] = None
+    arms_by: Optional[str]  # the route that arms interpreters like this one, if any
+    armed_by: Optional[str]  # the route that armed this very process, if any
+    startup_error: Optional[str]  # what arming caught in this process
+    would_apply: Optional[bool] = None  # None: files cannot tell
     facts: list[Fact] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what certainly keeps the fix out
     unknowns: list[str] = field(default_factory=list)  # what files cannot answer
     outcome: str = OK
     verdict: str = ""
-    exit_code: int = EXIT_OK
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    exit_code: int = _console.EXIT_OK
 
 
 def diagnose() -> DoctorReport:
     mode = _config.mode_from_environment()
     installation = check_installation()
-    source_tree = Path(fsdp_autopatch.__file__).resolve().parent.parent \
-        if installation.kind == SOURCE_TREE else None
-    torch_version, transformers_version = (installed_version(name) for name in PACKAGES)
+    package = Path(fsdp_autopatch.__file__).resolve().parent
+    torch_version, transformers_version = (installed_version(name) for name in _console.PACKAGES)
     try:
         import wrapt
 
         wrapt_version, wrapt_error = str(getattr(wrapt, "__version__", "unknown")), None
     except Exception as error:
         wrapt_version, wrapt_error = None, f"{type(error).__name__}: {error}"
-    startup = check_startup(source_tree)
+    startup = check_startup()
     plugin_arms, plugin_detail = check_plugin(torch_version)
     try:
         # Whether the pair has the bug does not depend on the switch; whether it gets fixed does.
@@ -433,33 +380,18 @@ def diagnose() -> DoctorReport:
     except ValueError as error:
         pair = _matrix.Decision(False, f"unreadable version: {error}", None)
     plugin = sys.modules.get("_fsdp_autopatch_plugin")
-    arms_by = (fsdp_autopatch.START_FILE_ROUTE if startup.read else
-               fsdp_autopatch.PLUGIN_ROUTE if plugin_arms else None)
     report = DoctorReport(
-        version=fsdp_autopatch.__version__,
-        package_path=str(Path(fsdp_autopatch.__file__).parent),
-        installation=installation.kind,
-        installation_detail=installation.detail,
-        python=platform.python_version(),
-        executable=sys.executable,
-        torch=torch_version,
-        transformers=transformers_version,
-        wrapt=wrapt_version,
-        wrapt_error=wrapt_error,
-        mode=mode.name,
-        mode_value=mode.raw,
-        mode_problem=mode.problem or None,
-        in_matrix=pair.in_matrix,
-        reason=pair.reason,
-        sites=[asdict(answer) for answer in check_layout(torch_version)],
+        version=fsdp_autopatch.__version__, package_path=str(package), installation=installation.kind,
+        installation_detail=installation.detail, python=platform.python_version(), executable=sys.executable,
+        torch=torch_version, transformers=transformers_version, wrapt=wrapt_version, wrapt_error=wrapt_error,
+        mode=mode.name, mode_value=mode.raw, mode_problem=mode.problem or None, in_matrix=pair.in_matrix,
+        reason=pair.reason, sites=[asdict(answer) for answer in check_layout(torch_version)],
         pth_installed=str(startup.pth) if startup.pth else None,
         start_installed=str(startup.start) if startup.start else None,
-        startup_file=str(startup.used) if startup.used else None,
-        startup_read=startup.read,
-        startup_detail=startup.detail,
-        plugin_arms=plugin_arms,
+        startup_read=startup.read, startup_detail=startup.detail, plugin_arms=plugin_arms,
         plugin_detail=plugin_detail,
-        arms_by=arms_by,
+        arms_by=(fsdp_autopatch.START_FILE_ROUTE if startup.read else
+                 fsdp_autopatch.PLUGIN_ROUTE if plugin_arms else None),
         armed_by=fsdp_autopatch.armed_by,
         startup_error=fsdp_autopatch.startup_error or getattr(plugin, "error", None),
     )
@@ -469,52 +401,47 @@ def diagnose() -> DoctorReport:
 
 def judge(report: DoctorReport, startup: StartupCheck) -> None:
     """The facts, each marked, and the verdict they add up to."""
-    torch, transformers = report.torch, report.transformers
-    row = _torch_row(torch)
+    torch, row = report.torch, torch_row(report.torch)
     forced = report.mode == _config.FORCE and torch is not None and (row is None or row.affected)
     newer = (report.in_matrix is None and torch is not None and row is None
-             and transformers is not None and not forced)
+             and report.transformers is not None and not forced)
     needed = bool(report.in_matrix) or forced or newer
     facts = report.facts
 
     def fact(good: bool, text: str, remedy: str = "", cause: str = "") -> None:
         """A fact that keeps the fix out where the fix is needed, when it is not ``good``."""
-        if good:
-            facts.append(Fact(GOOD, text))
-        elif needed:
-            facts.append(Fact(FAILED, text, remedy, cause or text))
+        mark = GOOD if good else FAILED if needed else IRRELEVANT
+        facts.append(Fact(mark, text, remedy, cause or text))
+        if mark == FAILED:
             report.problems.append(text)
-        else:
-            facts.append(Fact(IRRELEVANT, text))
 
-    if report.installation == SOURCE_TREE:
-        facts.append(Fact(UNKNOWN, report.installation_detail))
-        report.unknowns.append(report.installation_detail)
+    def unknown(text: str, matters: bool) -> None:
+        facts.append(Fact(UNKNOWN if matters else IRRELEVANT, text))
+        if matters:
+            report.unknowns.append(text)
+
+    if report.installation == SOURCE_TREE:  # whatever the versions: nothing here is an installation
+        unknown(report.installation_detail, True)
     else:
-        facts.append(Fact(GOOD, f"fsdp-autopatch {report.installation_detail}"))
+        fact(True, f"fsdp-autopatch {report.installation_detail}")
     if newer:
-        text = f"torch {torch} is newer than the version matrix: a probe decides at import"
-        facts.append(Fact(UNKNOWN, text))
-        report.unknowns.append(text)
+        unknown(f"torch {torch} is newer than the version matrix: a probe decides at import", True)
     else:
-        facts.append(Fact(GOOD, pair_fact(report, forced)))
+        fact(True, pair_fact(report, forced))
     for answer in report.sites:
         if answer["known"] is True:
-            facts.append(Fact(GOOD, answer["text"]))
+            fact(True, answer["text"])
         elif answer["known"] is False or answer["doubt"]:
-            facts.append(Fact(UNKNOWN if needed else IRRELEVANT, answer["text"]))
-            if needed:
-                report.unknowns.append(answer["text"])
+            unknown(answer["text"], needed)
     if startup.read:
         also = " (torch's plugin entry point also present)" if report.plugin_arms else ""
         fact(True, f"armed at interpreter start by {startup.used.name}{also}")  # type: ignore[union-attr]
     elif report.plugin_arms:
         fact(True, f"armed at import torch by torch's plugin entry point ({startup.detail})")
     else:
-        cause = "nothing arms the patch"
-        fact(False, f"not armed at interpreter start: {startup.detail}", cause=cause)
-        fact(False, f"not armed at import torch: {report.plugin_detail}",
-             arming_remedy(startup, report.plugin_detail), cause)
+        fact(False, f"not armed at interpreter start: {startup.detail}", cause="nothing arms the patch")
+        fact(False, f"not armed at import torch: {report.plugin_detail}", arming_remedy(report.plugin_detail),
+             "nothing arms the patch")
     fact(report.wrapt is not None, f"wrapt {report.wrapt}" if report.wrapt else
          f"wrapt cannot be imported ({report.wrapt_error})", "pip install wrapt", "wrapt cannot be imported")
     switch = (f"{_config.MODE_VARIABLE} unset" if report.mode_value is None
@@ -533,11 +460,9 @@ def judge(report: DoctorReport, startup: StartupCheck) -> None:
 def pair_fact(report: DoctorReport, forced: bool) -> str:
     """The versions, and what the version matrix says of them on this Python."""
     torch, transformers = report.torch, report.transformers
-    if torch is None:
-        return "torch is not installed"
-    torch_row = _torch_row(torch)
-    if torch_row is not None and not torch_row.affected:
-        return f"torch {torch} has no FSDP2 (version matrix)"
+    row = torch_row(torch)
+    if torch is None or (row is not None and not row.affected):
+        return "torch is not installed" if torch is None else f"torch {torch} has no FSDP2 (version matrix)"
     if forced:
         return f"torch {torch}: {_config.MODE_VARIABLE}=force patches it, whatever the version matrix says"
     if transformers is None:
@@ -545,23 +470,23 @@ def pair_fact(report: DoctorReport, forced: bool) -> str:
     pair = f"torch {torch}, transformers {transformers}, {_matrix.interpreter()}"
     if report.in_matrix:
         return f"{pair}: the bug is here (version matrix)"
-    row = _matrix.row_for(_matrix.TRANSFORMERS_ROWS, transformers)
-    if row is not None and not row.affected:
+    heads = _matrix.row_for(_matrix.TRANSFORMERS_ROWS, transformers)
+    if heads is not None and not heads.affected:
         return f"{pair}: no head inherits ABC (version matrix)"
     return f"{pair}: CPython accepts the ABC swap (version matrix)"
 
 
 def verdict(report: DoctorReport, forced: bool, needed: bool) -> tuple[str, str]:
     """OK, PROBLEM or CANNOT TELL, and the one line that starts with it."""
+    cause = next((fact.cause for fact in report.facts if fact.mark == FAILED), "")
     if report.installation == SOURCE_TREE:  # nothing else describes an installation
         return CANNOT_TELL, f"CANNOT TELL: {report.installation_detail}"
     if not needed:
         return OK, f"OK: nothing to fix: {pair_fact(report, forced)}"
-    cause = next((fact.cause for fact in report.facts if fact.mark == FAILED), "")
+    if cause and not report.in_matrix and not forced:
+        return CANNOT_TELL, f"CANNOT TELL: torch {report.torch} may need the patch, and it will not be " \
+                            f"applied: {cause}"
     if cause:
-        if not report.in_matrix and not forced:
-            return CANNOT_TELL, (f"CANNOT TELL: torch {report.torch} may need the patch, and it will not "
-                                 f"be applied: {cause}")
         return PROBLEM, f"PROBLEM: the layout bug will not be fixed here: {cause}"
     if report.unknowns:
         return CANNOT_TELL, f"CANNOT TELL: files cannot tell whether the patch will fix it here. {PROOF}"
@@ -576,7 +501,7 @@ def run_doctor(options: argparse.Namespace, console: Console) -> int:
         if problem:
             console.warning(problem)
     if options.json:
-        print(json.dumps(report.to_dict()), file=console.out, flush=True)
+        print(json.dumps(asdict(report)), file=console.out, flush=True)
         return report.exit_code
     console.detail(console.paint(f"{PROG} {report.version} doctor (Python {report.python}, "
                                  f"{report.executable})", "bold"))

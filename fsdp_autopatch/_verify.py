@@ -1,17 +1,15 @@
-"""The proof, run for real: shard tiny transformers models with FSDP2 on a gloo CPU group.
+"""The proof, run for real: wrap tiny transformers models with FSDP2 and composable DDP on gloo.
 
-Run as ``python -m fsdp_autopatch._verify`` in a fresh interpreter (so the start-up file, or
-torch's plugin entry point, is what patches it), once per rank, started by ``fsdp-autopatch
-verify``, by a launcher, or alone: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
-come from the environment. For each model it shards every
-decoder layer and then the root, trains a few steps next to an unsharded copy of the same
-weights, and prints one JSON line (rank 0 only): the class torch built, both losses, or the
-error. Then every rank lists the classes the patch built in it (``status().classes``), one JSON
-line per class and one with the count. ``fsdp-autopatch verify`` reads those lines; the tests
-call ``shard_and_train`` directly.
-
-``grade`` is the one rule that turns those lines into pass or fail, for ``verify`` and for
-``tests/matrix.py`` alike. Importing this module imports nothing beyond the standard library.
+Run as ``python -m fsdp_autopatch._verify [RUN ...]`` in a fresh interpreter, so that the
+start-up file or torch's plugin entry point is what patches it, once per rank (``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` from the environment; alone, a group of one).
+For each run it wraps the model (FSDP2: every decoder layer, then the root; DDP: the root),
+trains a few steps next to an unwrapped copy of the same weights, and prints one JSON line
+(rank 0): the class torch built, both losses, or the error. Then each rank prints the classes
+the patch built in it (``status().classes``). ``fsdp-autopatch verify`` reads those lines; the
+tests call ``shard_and_train`` directly. ``grade`` is the one rule that turns the lines into
+pass or fail, for ``verify`` and ``tests/matrix.py`` alike. Importing this module imports
+nothing beyond the standard library.
 """
 
 from __future__ import annotations
@@ -29,28 +27,25 @@ from fsdp_autopatch._console import EXIT_CANNOT_TELL, EXIT_OK
 from fsdp_autopatch._sites import DDP_MODULE
 
 # The three transformers heads that inherit abc.ABC in the affected releases (_matrix), and a
-# causal LM of the same family, which never needed the patch and must get torch's own class.
+# causal LM of the same family, which never needs the patch and must get torch's own class:
+# whatever it shows is what torch's wrapper does here, the control every other run is graded
+# against (the same wrapper's).
 MODELS = {
     "token-classification": "AutoModelForTokenClassification",
     "sequence-classification": "AutoModelForSequenceClassification",
     "question-answering": "AutoModelForQuestionAnswering",
     "causal-lm": "AutoModelForCausalLM",
 }
-# The causal LM never needs the patch and always gets torch's own class: whatever it shows is what
-# this torch's wrapper does here, and the control every other model is graded against.
 CONTROL = "causal-lm"
-# Each model is run twice: sharded with FSDP2's fully_shard (each decoder layer, then the root),
-# and replicated with composable DDP's replicate (the root); the DDP run's name has this suffix,
-# and it is graded against the causal LM's DDP run.
+# Each model runs wrapped by FSDP2's fully_shard, then by composable DDP's replicate: that run's
+# name has this suffix.
 DDP_SUFFIX = " (DDP)"
 # CPython's words when it refuses the class swap: the bug itself, as torch raises it.
 LAYOUT_ERROR = "object layout differs"
-# Sharded and unsharded copies see the same weights and batches; anything above rounding noise
-# means the sharded model computes something different.
+# Wrapped and unwrapped copies see the same weights and batches: anything above rounding noise
+# means the wrapped model computes something different.
 LOSS_TOLERANCE = 1e-4
-VOCABULARY = 128
-BATCH, SEQUENCE = 2, 8
-STEPS = 2
+VOCABULARY, BATCH, SEQUENCE, STEPS = 128, 2, 8, 2
 
 
 def tiny_config() -> Any:
@@ -59,8 +54,7 @@ def tiny_config() -> Any:
     return Qwen2Config(
         vocab_size=VOCABULARY, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, num_labels=3, pad_token_id=0,
-        # No dropout: sharded and unsharded copies must compute the same losses.
-        classifier_dropout=0.0,
+        classifier_dropout=0.0,  # no dropout: both copies must compute the same losses
     )
 
 
@@ -73,7 +67,7 @@ def build_model(kind: str) -> Any:
 
 
 def make_batch(kind: str, step: int) -> dict[str, Any]:
-    """The same batch on every rank, so sharded and unsharded training see the same data."""
+    """The same batch on every rank, so wrapped and unwrapped training see the same data."""
     import torch
 
     generator = torch.Generator().manual_seed(1000 + step)
@@ -100,8 +94,8 @@ def describe_class(cls: type) -> dict[str, Any]:
 
 
 def fsdp2() -> Any:
-    """torch's FSDP2 package, imported the way users of the installed torch import it: the package
-    of the newest fully_shard site (``_sites``) this release may have (torch 2.6+:
+    """torch's FSDP2 package, as users of the installed torch import it: the package of the
+    newest fully_shard site (``_sites``) this release may have (torch 2.6+:
     torch.distributed.fsdp; 2.4 and 2.5: torch.distributed._composable.fsdp)."""
     import torch
 
@@ -125,40 +119,31 @@ def run_kind(run: str) -> tuple[str, bool]:
     return (run[: -len(DDP_SUFFIX)] if ddp else run), ddp
 
 
-def control_of(run: str) -> str:
-    """The causal LM's run with the same wrapper: what ``run`` is graded against."""
-    return CONTROL + DDP_SUFFIX if run_kind(run)[1] else CONTROL
-
-
 def shard_and_train(run: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
-    """Shard each decoder layer and the root with fully_shard (or replicate the root with
-    composable DDP, for a DDP run), then train next to an unwrapped copy."""
+    """Wrap the run's model (FSDP2: each decoder layer, then the root; composable DDP: the
+    root), then train it next to an unwrapped copy."""
     import torch
 
     kind, ddp = run_kind(run)
-    if ddp:
-        # The module, not the function of the same name that torch.distributed._composable exports.
+    if ddp:  # the module, not the function of that name torch.distributed._composable exports
         composable = importlib.import_module(DDP_MODULE)
         wrapper, wrap = composable.DDP, composable.replicate
     else:
         fsdp = fsdp2()
-        wrapper, fully_shard = fsdp.FSDPModule, fsdp.fully_shard
+        wrapper = fsdp.FSDPModule
 
         def wrap(module: Any) -> None:
-            fully_shard(module, mesh=mesh)
+            fsdp.fully_shard(module, mesh=mesh)
 
     started = time.perf_counter()
     model = build_model(kind)
-    original = type(model)
-    reference = copy.deepcopy(model)
+    original, reference = type(model), copy.deepcopy(model)
     result: dict[str, Any] = {"model": run}
     try:
-        targets = [] if ddp else list(model.base_model.layers)
-        for module in (*targets, model):
+        for module in ([] if ddp else list(model.base_model.layers)) + [model]:
             wrap(module)
     except TypeError as error:
-        result.update(sharded=False, error=str(error), seconds=time.perf_counter() - started)
-        return result
+        return dict(result, sharded=False, error=str(error), seconds=time.perf_counter() - started)
     result.update(
         sharded=True,
         wrapper=describe_class(type(model)),
@@ -181,32 +166,26 @@ def shard_and_train(run: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
     except RuntimeError as error:
         # torch 2.4's FSDP2 creates CUDA streams on first forward, whatever the mesh's device, so
         # without a GPU it cannot train any model; the class it built is still worth reporting.
-        result.update(trained=False, train_error=str(error).splitlines()[0],
-                      seconds=time.perf_counter() - started)
-        return result
-    result.update(
-        trained=True,
-        losses=losses[model],
-        reference_losses=losses[reference],
-        max_loss_difference=max(abs(a - b) for a, b in zip(losses[model], losses[reference])),
-        seconds=time.perf_counter() - started,
-    )
-    return result
+        return dict(result, trained=False, train_error=str(error).splitlines()[0],
+                    seconds=time.perf_counter() - started)
+    return dict(result, trained=True, losses=losses[model], reference_losses=losses[reference],
+                max_loss_difference=max(abs(a - b) for a, b in zip(losses[model], losses[reference])),
+                seconds=time.perf_counter() - started)
 
 
-# What one model's run showed. The sharded outcomes go from best to worst.
-TRAINED = "trained"  # every loss matched the unsharded copy's
+# What one run showed. The wrapped outcomes go from best to worst.
+TRAINED = "trained"  # every loss matched the unwrapped copy's
 DRIFTED = "drifted"  # the first loss matched (same forward pass), a later one did not
 DIVERGED = "diverged"  # the first loss already differed
-UNTRAINED = "untrained"  # sharded, but this torch could not run a train step
+UNTRAINED = "untrained"  # wrapped, but this torch could not run a train step
 SHARDED_OUTCOMES = (TRAINED, DRIFTED, DIVERGED, UNTRAINED)
-LAYOUT = "layout"  # fully_shard raised the layout error: the bug
-SHARD_FAILED = "shard failed"  # fully_shard raised something else
+LAYOUT = "layout"  # the wrapper raised the layout error: the bug
+SHARD_FAILED = "shard failed"  # the wrapper raised something else
 ABSENT = "absent"  # no result
 
 
 def outcome(result: Optional[Mapping[str, Any]]) -> str:
-    """One word for a model's result line."""
+    """One word for a run's result line."""
     if result is None:
         return ABSENT
     if not result.get("sharded"):
@@ -231,16 +210,16 @@ class Grade:
 
 
 def grade(results: Mapping[str, Mapping[str, Any]]) -> Grade:
-    """Pass or fail per model, judged against the control run alongside.
+    """Pass or fail per run, judged against the control run of the same wrapper.
 
-    A model passes when it sharded and trained at least as well as the control: torch 2.4 and
-    2.5 cannot train FSDP2 on a CPU at all, and torch 2.8 on two gloo ranks updates differently
-    from one process, for torch's own classes too. Without a control, only exact training passes.
+    A run passes when it wrapped and trained at least as well as the control: torch 2.4 and 2.5
+    cannot train FSDP2 on a CPU at all, and torch 2.8 on two gloo ranks updates differently from
+    one process, for torch's own classes too. Without a control, only exact training passes.
     """
     outcomes = {run: outcome(result) for run, result in results.items()}
 
     def tolerated(run: str) -> tuple[str, ...]:
-        control = outcomes.get(control_of(run), ABSENT)
+        control = outcomes.get(CONTROL + DDP_SUFFIX if run_kind(run)[1] else CONTROL, ABSENT)
         worst = SHARDED_OUTCOMES.index(control) if control in SHARDED_OUTCOMES else 0
         return SHARDED_OUTCOMES[:worst + 1]
 
@@ -248,32 +227,13 @@ def grade(results: Mapping[str, Mapping[str, Any]]) -> Grade:
     return Grade(outcomes, ok, outcomes.get(CONTROL, ABSENT))
 
 
-def json_lines(output: str) -> list[dict[str, Any]]:
-    """The JSON objects ``main`` printed one per line, skipping whatever else a rank printed."""
-    # Ranks share one pipe, and two ranks' lines can land on one line ("{...}{...}"), so every
-    # object that starts a line or follows another is read.
-    decoder = json.JSONDecoder()
-    objects = []
-    for line in output.splitlines():
-        position = 0
-        while line.startswith("{", position):
-            try:
-                found, position = decoder.raw_decode(line, position)
-            except ValueError:
-                break
-            if isinstance(found, dict):
-                objects.append(found)
-    return objects
-
-
 def init_process_group() -> Any:
-    """Join (or, alone, form) the gloo group described by torchrun's environment variables."""
+    """Join (or, alone, form) the gloo group a launcher's environment variables describe."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(name, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo")
     return init_device_mesh("cpu", (dist.get_world_size(),))
@@ -287,23 +247,18 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def missing_prerequisite() -> str | None:
-    """Why this interpreter cannot run the proof, in one line, or None when it can.
-
-    Imports torch's FSDP2 and then transformers, in that order: with transformers, FSDP2 is
-    what the patch waits for.
-    """
+def missing_prerequisite() -> Optional[str]:
+    """Why this interpreter cannot run the proof, in one line, or None when it can. Imports
+    torch's FSDP2, then transformers: with transformers, FSDP2 is what the patch waits for."""
     try:
         import torch
         import torch.distributed as dist
     except Exception as error:
         return f"torch cannot be imported ({one_line(error)}); install torch 2.4 or newer"
-    if not dist.is_available():
-        return (f"torch {torch.__version__} was built without torch.distributed; install a build "
-                "that has it (the PyPI wheels do)")
-    if not dist.is_gloo_available():
-        return (f"torch {torch.__version__} has no gloo backend, which this CPU check needs; install "
-                "a build that has it (the PyPI wheels do)")
+    for available, what in (("is_available", "torch.distributed"), ("is_gloo_available", "gloo")):
+        if not getattr(dist, available)():
+            return (f"torch {torch.__version__} was built without {what}; install a build that has it (the "
+                    "PyPI wheels do)")
     try:
         fsdp2()
     except ImportError as error:
@@ -322,58 +277,48 @@ def one_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def cannot_run(problem: str) -> int:
-    """Say why on stderr and as a JSON line (verify reads stdout only); exit code 2."""
-    print(json.dumps({"cannot_run": problem}), flush=True)
-    print(f"cannot verify: {problem}", file=sys.stderr)
-    return EXIT_CANNOT_TELL
+def say(record: dict[str, Any]) -> None:
+    """One JSON line on stdout, which verify reads (a rank's own file there)."""
+    print(json.dumps(record), flush=True)
 
 
 def main(argv: list[str]) -> int:
-    """Exit 0 after the proof ran (whatever it found), 2 when it cannot run here."""
+    """Exit 0 after the proof ran (whatever it found), 2 when it cannot run here (with a line
+    saying why on stderr and, for verify, on stdout)."""
     kinds = argv or runs(MODELS)
     unknown = [kind for kind in kinds if run_kind(kind)[0] not in MODELS]
     if unknown:
         print(f"unknown model {unknown[0]!r}; choose from {', '.join(runs(MODELS))}", file=sys.stderr)
         return EXIT_CANNOT_TELL
     problem = missing_prerequisite()
+    if problem is None:
+        import torch.distributed as dist
+
+        import fsdp_autopatch
+
+        try:
+            mesh = init_process_group()
+        except Exception as error:
+            problem = (f"the gloo process group did not form ({one_line(error)}); check that MASTER_ADDR "
+                       "and MASTER_PORT are reachable from every rank")
     if problem is not None:
-        return cannot_run(problem)
-    import torch.distributed as dist
-
-    import fsdp_autopatch
-
-    try:
-        mesh = init_process_group()
-    except Exception as error:
-        return cannot_run(f"the gloo process group did not form ({one_line(error)}); check that "
-                          "MASTER_ADDR and MASTER_PORT are reachable from every rank")
+        say({"cannot_run": problem})
+        print(f"cannot verify: {problem}", file=sys.stderr)
+        return EXIT_CANNOT_TELL
     rank = dist.get_rank()
     try:
         if rank == 0:
-            print(json.dumps({"status": fsdp_autopatch.status().to_dict()}), flush=True)
+            say({"status": fsdp_autopatch.status().to_dict()})
         for kind in kinds:
             result = shard_and_train(kind, mesh)
             if rank == 0:
-                print(json.dumps(result), flush=True)
-        report_classes(rank, fsdp_autopatch.status().to_dict())
+                say(result)
+        # Every rank builds its own classes, and says which.
+        status = fsdp_autopatch.status().to_dict()
+        say({"rank": rank, "classes": status["classes"], "classes_seen": status["classes_seen"]})
     finally:
         dist.destroy_process_group()
     return EXIT_OK
-
-
-def report_classes(rank: int, status: Mapping[str, Any]) -> None:
-    """What the patch built in this rank: one line per class it saw, then one with the count.
-
-    Every rank reports, since each builds its own classes. One short line per class: under a
-    launcher the ranks share one pipe, where a write of up to PIPE_BUF bytes (4096 on Linux)
-    reaches it whole, and a rank's whole list in one line could interleave with another rank's.
-    """
-    classes = list(status.get("classes") or [])
-    for record in classes:
-        print(json.dumps({"rank": rank, "class_record": record}), flush=True)
-    print(json.dumps({"rank": rank, "classes_listed": len(classes),
-                      "classes_seen": status.get("classes_seen", len(classes))}), flush=True)
 
 
 if __name__ == "__main__":

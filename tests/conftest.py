@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from harness import AFFECTED, make_venv, scrubbed_environment
+from harness import AFFECTED, json_lines, make_venv, scrubbed_environment
 
 from fsdp_autopatch import TORCH_MODULES
-from fsdp_autopatch._verify import LAYOUT_ERROR, json_lines
+from fsdp_autopatch._verify import LAYOUT_ERROR
 
 __all__ = [
     "AFFECTED",

@@ -13,6 +13,7 @@ package, makes environments or runs fresh interpreters does it the same way:
 - ``torchrun``: a script on local gloo ranks, started by torch's own launcher;
 - ``replace_section``: generated text between two markers of README.md or a page of docs/;
 - ``split_importtime``: ``python -X importtime`` output, parsed;
+- ``json_lines``: the JSON objects a program (or ranks sharing one pipe) printed;
 - ``portable_path`` / ``portable_command`` / ``portable_text``: paths as a reader of another
   machine can follow them.
 
@@ -21,6 +22,7 @@ package, makes environments or runs fresh interpreters does it the same way:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -29,7 +31,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -272,3 +274,21 @@ _ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(?:[\w.+@-]+(?: [\w.+@-]+)*/)*[\w.+@-
 def portable_text(text: str, root: Path = ROOT) -> str:
     """``text`` (captured output, a header) with every absolute path in it made portable."""
     return _ABSOLUTE_PATH.sub(lambda match: portable_path(match.group(0), root), text)
+
+
+def json_lines(output: str) -> list[dict[str, Any]]:
+    """The JSON objects printed one per line, skipping whatever else was printed. Ranks that share
+    one pipe (under a launcher) can put two objects on one line ("{...}{...}"): every object that
+    starts a line or follows another is read."""
+    decoder = json.JSONDecoder()
+    objects = []
+    for line in output.splitlines():
+        position = 0
+        while line.startswith("{", position):
+            try:
+                found, position = decoder.raw_decode(line, position)
+            except ValueError:
+                break
+            if isinstance(found, dict):
+                objects.append(found)
+    return objects

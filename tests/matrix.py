@@ -53,6 +53,7 @@ from harness import (
     TORCH_PIN,
     TRANSFORMERS_PIN,
     build_wheel,
+    json_lines,
     portable_text,
     replace_section,
     run_logged,
@@ -181,7 +182,7 @@ def verify(python: Path, kinds: list[str], cwd: Path, **env: str) -> dict[str, A
     def attempt() -> dict[str, Any]:
         # 1: a model failed, which is what the unpatched run is for; 2: it could not run.
         result = run_in_cell(command, scrubbed_environment(**env), cwd, codes=(0, 1))
-        documents = _verify.json_lines(result.stdout)
+        documents = json_lines(result.stdout)
         if len(documents) != 1 or documents[0].get("exit_code") != result.returncode:
             raise RuntimeError(f"verify printed no JSON document for exit code {result.returncode}: "
                                f"{result.stdout[-1000:]} {result.stderr[-2000:]}")
@@ -211,7 +212,7 @@ def run_cell(cell: Cell, installer: Installer, wheel: Path, work: Path, keep: bo
         record["install_seconds"] = round(time.monotonic() - started, 1)
         # Away from the checkout, so that the installed package is the one imported.
         probe = run_in_cell([str(python), str(CELL_PROBE)], scrubbed_environment(FSDP_AUTOPATCH="0"), venv)
-        (found,) = _verify.json_lines(probe.stdout)
+        (found,) = json_lines(probe.stdout)
         record.update(found)
         kinds = [kind for kind, model in found["models"].items() if model["available"]]
         if kinds:

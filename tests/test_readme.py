@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, environment, layout_bug_here, lent_site_packages, repository_file
 from harness import README
-from verify_output import assert_verify_shows_the_fix
+from verify_output import FIXED_VERDICT, assert_verify_shows_the_fix
 
 from fsdp_autopatch._console import SOURCE_URL as PROJECT_URL
 
@@ -148,6 +148,34 @@ def test_the_readme_commands_run_as_printed(
                 for command, code in shown if VERIFY.search(command)}
     assert sorted(verifies) == [False, True], shown
     assert_verify_shows_the_fix(verifies[False], verifies[True], layout_bug_here())
+
+
+README_LINES = 170
+UV_BLOCK = re.compile(r"^```bash\n(uv venv.*?)^```", re.S | re.M)
+
+
+def test_the_readme_fits_its_lines_and_quotes_verify_as_it_prints() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_LINES
+    # The OK line verify prints where the start-up file armed it (tests/verify_output.py checks
+    # that verify prints exactly this, in the README's own commands above).
+    assert f"```text\n{FIXED_VERDICT}\n```" in text
+
+
+def test_the_uv_steps_are_the_pip_steps_with_uvs_cpu_torch() -> None:
+    """The uv block is not run here (its CPU index, download.pytorch.org, is out of this
+    machine's reach): it must be the pip block's install, verify and uninstall, with uv's own
+    switch for torch's CPU build."""
+    text = README.read_text(encoding="utf-8")
+    (uv,) = UV_BLOCK.findall(text)
+    pip = next(block for block in sh_blocks(text) if "pip install ." in block)
+    (pip_install,) = [line for line in pip.splitlines() if "pip install ." in line]
+    packages = re.search(r"pip install (\. [^&]+?) &&", pip_install).group(1)  # type: ignore[union-attr]
+    installing, uninstalling = uv.splitlines()
+    assert installing == (f"uv venv && uv pip install {packages} --torch-backend=cpu && "
+                          ".venv/bin/fsdp-autopatch verify")
+    assert installing.endswith(pip_install.split(" && ")[-1])
+    assert uninstalling.startswith("uv pip uninstall fsdp-autopatch ")
 
 
 def test_commands_and_their_expected_exit_codes_are_read_from_the_block() -> None:

@@ -13,6 +13,9 @@ from harness import AFFECTED
 from fsdp_autopatch import _verify
 
 ALL_TRAINED = "OK: 8 of 8 runs wrapped and trained"
+# verify's verdict where the start-up file armed the ranks and the patch fixed the bug: the README
+# quotes it (tests/test_readme.py).
+FIXED_VERDICT = f"{ALL_TRAINED}; fixed by the patch, armed by fsdp_autopatch.pth at interpreter start"
 # The classes _verify's tiny Qwen2 models are made of, per head.
 HEAD_CLASSES = {"token-classification": "Qwen2ForTokenClassification",
                 "sequence-classification": "Qwen2ForSequenceClassification",
@@ -56,7 +59,7 @@ def assert_verify_shows_the_fix(
         assert "patch not applied: " in fixed.stderr
         assert broken.returncode == 0, broken.stdout + broken.stderr
         return
-    assert verdict == f"{ALL_TRAINED}; fixed by the patch, armed by fsdp_autopatch.pth at interpreter start"
+    assert verdict == FIXED_VERDICT
     assert "patch applied: " in fixed.stderr
     # Each head got a class built on abc.ABC at each site; the decoder layer and the causal LM
     # kept torch's.
