@@ -1,13 +1,10 @@
 """``fsdp-autopatch doctor``: does this environment have the bug, and will the installed patch fix it?
 
-One line per fact, each with a mark (``ok``, ``FAIL``, ``??`` where files cannot tell, ``--``
-where it does not matter here), the remedy under what failed, and one verdict: OK, PROBLEM or
-CANNOT TELL, which is also the exit code (0, 1, 2). ``--json`` keeps every fact.
-
-It answers from installed metadata, the version matrix, this interpreter's site configuration
-and torch's source files (compiled, never run), without importing torch or transformers, so it
-takes well under a second. Files cannot prove the fix: training processes ask torch and CPython
-directly, and ``fsdp-autopatch verify`` shows their answer.
+One line per fact, marked ``ok``, ``FAIL`` (with the remedy under it), ``??`` (files cannot tell)
+or ``--`` (a problem that does not matter here), then one verdict, which is the exit code: OK 0,
+PROBLEM 1, CANNOT TELL 2. It reads installed metadata, the version matrix, this interpreter's
+site configuration and torch's source files (compiled, never run), so it answers in well under a
+second. Files cannot prove the fix: ``fsdp-autopatch verify`` runs it.
 """
 
 from __future__ import annotations
@@ -31,31 +28,17 @@ import fsdp_autopatch
 from fsdp_autopatch import _config, _console, _matrix, _sites
 from fsdp_autopatch._console import PROG, Console, installed_version
 
-PTH_NAME = "fsdp_autopatch.pth"
-START_NAME = "fsdp_autopatch.start"
-PLUGIN_GROUP = "torch.backends"
-# The verdict's first word, and the exit code it is.
+PTH_NAME, START_NAME, PLUGIN_GROUP = "fsdp_autopatch.pth", "fsdp_autopatch.start", "torch.backends"
 OK, PROBLEM, CANNOT_TELL = "OK", "PROBLEM", "CANNOT TELL"
 EXIT_CODE = {OK: _console.EXIT_OK, PROBLEM: _console.EXIT_BROKEN, CANNOT_TELL: _console.EXIT_CANNOT_TELL}
-# The mark of a fact: fine, a problem, files cannot tell, or a problem that does not matter here.
+# A fact's mark: fine, a problem, files cannot tell, a problem that does not matter here.
 GOOD, FAILED, UNKNOWN, IRRELEVANT = "ok", "FAIL", "??", "--"
-# The one caveat, said once, on the verdict line.
-PROOF = f"Proof: {PROG} verify"
+PROOF = f"Proof: {PROG} verify"  # the one caveat, said once, on the verdict line
+INSTALLED, EDITABLE, SOURCE_TREE, UNOWNED = "installed", "editable", "source tree", "not installed"
 
 
 def same_path(a: Path, b: Path) -> bool:
     return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
-
-
-# --- which fsdp_autopatch this is: an installation, or a source tree --------------------------
-
-INSTALLED, EDITABLE, SOURCE_TREE, UNOWNED = "installed", "editable", "source tree", "not installed"
-
-
-@dataclass(frozen=True)
-class Installation:
-    kind: str
-    detail: str
 
 
 def is_source_tree(directory: Path) -> bool:
@@ -80,44 +63,36 @@ def editable_directory(distribution: metadata.Distribution) -> Optional[Path]:
     return Path(unquote(url.path)) if url.scheme == "file" else None
 
 
-def check_installation() -> Installation:
-    """Is the fsdp_autopatch this process imported an installed one? A checkout's sources are
-    imported when a command runs from the checkout's root (``python -m`` puts the working
-    directory first on ``sys.path``), and they say nothing about what training processes of
-    this Python load at start-up."""
+def check_installation() -> tuple[str, str]:
+    """Is the fsdp_autopatch this process imported an installed one (its kind, and a line)? A
+    command run from a checkout's root imports the checkout (``python -m`` puts the working
+    directory first on ``sys.path``), which says nothing of what training processes load."""
     package = Path(fsdp_autopatch.__file__).resolve().parent
-    root = package.parent
-    installed_at: Optional[Path] = None
     try:
-        distribution = metadata.distribution(_console.DISTRIBUTION)
+        distribution: Optional[metadata.Distribution] = metadata.distribution(_console.DISTRIBUTION)
     except metadata.PackageNotFoundError:
         distribution = None
+    installed = Path(str(distribution.locate_file("fsdp_autopatch"))) if distribution else None
+    editable = editable_directory(distribution) if distribution else None
+    if installed is not None and installed.is_dir():
+        if same_path(installed, package):
+            return INSTALLED, f"installed in {package.parent}"
+    elif editable is not None:
+        if same_path(editable, package.parent):
+            return EDITABLE, f"an editable install of {package.parent}"
+        installed = editable / "fsdp_autopatch"
+    if not is_source_tree(package.parent):
+        return UNOWNED, f"{package} belongs to no installed distribution"
     if distribution is not None:
-        installed = Path(str(distribution.locate_file("fsdp_autopatch/__init__.py"))).parent
-        editable = editable_directory(distribution)
-        if installed.is_dir():
-            if same_path(installed, package):
-                return Installation(INSTALLED, f"installed in {package.parent}")
-            installed_at = installed
-        elif editable is not None:
-            if same_path(editable, root):
-                return Installation(EDITABLE, f"an editable install of {root}")
-            installed_at = editable / "fsdp_autopatch"
-    if is_source_tree(root):
-        return Installation(SOURCE_TREE, (
-            f"{root} is a source tree, not the installed fsdp-autopatch {installed_at} (run from another "
-            "directory)" if installed_at else f"{root} is a source tree, and fsdp-autopatch is not installed "
-            f"for {sys.executable} (pip install . there, then run from another directory)"))
-    elsewhere = f"; the installed one is {installed_at}" if installed_at else ""
-    return Installation(UNOWNED, f"{package} belongs to no installed distribution{elsewhere}")
-
-
-# --- what arms interpreters of this Python: the start-up file, or torch's plugin entry point ---
+        return SOURCE_TREE, (f"{package.parent} is a source tree, not the installed fsdp-autopatch "
+                             f"{installed} (run from another directory)")
+    return SOURCE_TREE, (f"{package.parent} is a source tree, and fsdp-autopatch is not installed for "
+                         f"{sys.executable} (pip install . there, then run from another directory)")
 
 
 @dataclass
 class StartupCheck:
-    """The start-up files found, the one this Python uses, and whether site.py reads it here."""
+    """The start-up files installed, the one this Python uses, and whether site.py reads it here."""
 
     pth: Optional[Path]
     start: Optional[Path]
@@ -127,8 +102,7 @@ class StartupCheck:
 
 
 def installed_file(name: str) -> Optional[Path]:
-    """A file the distribution installed at the root of its site directory (a source tree's
-    copy is none), or None."""
+    """A file the distribution installed at the root of its site directory, or None."""
     try:
         path = Path(str(metadata.distribution(_console.DISTRIBUTION).locate_file(name)))
     except metadata.PackageNotFoundError:
@@ -140,11 +114,10 @@ def check_startup() -> StartupCheck:
     pth, start = installed_file(PTH_NAME), installed_file(START_NAME)
     # PEP 829: from Python 3.15 a matching .start file replaces the .pth import line, and from
     # 3.18 .pth import lines are not run at all.
-    uses_start = sys.version_info >= (3, 15) and start is not None
-    used = start if uses_start else pth
+    used = start if sys.version_info >= (3, 15) and start is not None else pth
     if used is None:
         return StartupCheck(pth, start, None, False, f"{PTH_NAME} is not installed")
-    if not uses_start and sys.version_info >= (3, 18):
+    if used == pth and sys.version_info >= (3, 18):
         return StartupCheck(pth, start, used, False, f"Python 3.18+ ignores {PTH_NAME}'s import line")
     directory, user = used.parent, site.getusersitepackages()
     on_path = any(same_path(directory, Path(entry)) for entry in sys.path if entry)
@@ -161,7 +134,7 @@ def check_startup() -> StartupCheck:
 
 
 def check_plugin(torch_version: Optional[str]) -> tuple[bool, str]:
-    """Whether ``import torch`` arms the package here through torch's plugin route, and why."""
+    """Whether ``import torch`` arms the package here by torch's plugin entry point, and why."""
     switch = _config.PLUGIN_SWITCH
     if torch_version is None:
         return False, "torch is not installed"
@@ -184,8 +157,8 @@ def check_plugin(torch_version: Optional[str]) -> tuple[bool, str]:
 
 
 def arming_remedy(plugin_detail: str) -> str:
-    """What to do where nothing arms interpreters of this Python: never a reinstall where the
-    installation is whole (tooling that strips .pth files strips them again)."""
+    """What to do where nothing arms this Python: no reinstall where the installation is whole
+    (tooling that strips .pth files strips them again)."""
     if plugin_detail.startswith(_config.PLUGIN_SWITCH):
         return f"unset {_config.PLUGIN_SWITCH}, or call fsdp_autopatch.apply() in the training script"
     if plugin_detail.endswith("entry point is not installed"):
@@ -193,13 +166,9 @@ def arming_remedy(plugin_detail: str) -> str:
     return "call fsdp_autopatch.apply() in the training script"
 
 
-# --- torch's class-construction sites, read from its source files -----------------------------
-
-
 def module_file(name: str) -> Optional[Path]:
     """The source file of module ``name``, found as the import system finds it, without running
-    it or its packages: the top-level package with ``importlib.util.find_spec``, each module
-    below it in its parent's directories."""
+    it or its packages (``find_spec`` for the top level, each module in its parent's path)."""
     parts = name.split(".")
     try:
         spec = util.find_spec(parts[0])
@@ -215,10 +184,12 @@ def module_file(name: str) -> Optional[Path]:
     return path if path is not None and path.suffix == ".py" and path.is_file() else None
 
 
-def compile_module(path: Path) -> tuple[frozenset[str], dict[str, list[types.CodeType]]]:
+Compiled = tuple[frozenset[str], dict[str, list[types.CodeType]]]
+
+
+def compile_module(path: Path) -> Compiled:
     """A module's source compiled, not run: the names its top level binds (if/try/with blocks
-    included), and the code of its top-level functions, as the patch reads the live ones.
-    Raises OSError, UnicodeDecodeError, SyntaxError or ValueError where it cannot."""
+    included), and the code of its top-level functions, as the patch reads the live ones."""
     code = compile(path.read_text(encoding="utf-8"), str(path), "exec", dont_inherit=True)
     names = frozenset(instruction.argval for instruction in dis.get_instructions(code)
                       if instruction.opname in ("STORE_NAME", "STORE_GLOBAL"))
@@ -229,38 +200,6 @@ def compile_module(path: Path) -> tuple[frozenset[str], dict[str, list[types.Cod
     return names, functions
 
 
-@dataclass(frozen=True)
-class LayoutAnswer:
-    """For one API of ``_sites.APIS``: ``known``: True: a site the patch knows is in the files;
-    False: the API's modules are there but none of its sites (a layout unknown to this version);
-    None: nothing to tell (not installed, no such API), or, ``doubt``, files that cannot be read."""
-
-    api: str
-    known: Optional[bool]
-    text: str
-    site: Optional[str] = None
-    file: Optional[str] = None
-    doubt: bool = False
-
-
-def check_layout(torch_version: Optional[str]) -> list[LayoutAnswer]:
-    """For each API of ``_sites.APIS``, whether the installed torch (or the API's distribution)
-    has one of the sites the patch knows, read from its compiled source files without importing
-    it, by the bytecode check the patch makes at run time (``_sites.shape_problem``)."""
-    answers = []
-    for api in _sites.APIS:
-        distribution = _sites.distribution_of(api)
-        version = torch_version if distribution == "torch" else installed_version(distribution)
-        row = torch_row(version) if distribution == "torch" else None
-        if version is None:
-            answers.append(LayoutAnswer(api, None, f"{distribution} is not installed"))
-        elif row is not None and not row.affected:
-            answers.append(LayoutAnswer(api, None, f"torch {version} has no FSDP2"))
-        else:
-            answers.append(read_api(api, distribution, version))
-    return answers
-
-
 def torch_row(version: Optional[str]) -> Optional[_matrix.Row]:
     try:
         return _matrix.row_for(_matrix.TORCH_ROWS, version) if version else None
@@ -268,51 +207,55 @@ def torch_row(version: Optional[str]) -> Optional[_matrix.Row]:
         return None
 
 
-def read_api(api: str, distribution: str, version: str) -> LayoutAnswer:
-    """One API's answer from the files of its distribution (``version`` installed)."""
-    compiled: dict[str, tuple[frozenset[str], dict[str, list[types.CodeType]]]] = {}
-    files: dict[str, Path] = {}
+def check_layout(api: str, torch_version: Optional[str]) -> dict[str, Any]:
+    """Whether the installed torch (or the API's distribution) has one of the API's sites, read
+    from its source files by the bytecode check the patch makes at run time
+    (``_sites.shape_problem``). ``known``: True, a site; False, the modules without any (a
+    layout unknown to this version); None, nothing to tell, or, ``doubt``, unreadable files."""
+    distribution = _sites.distribution_of(api)
+    version = torch_version if distribution == "torch" else installed_version(distribution)
+    row = torch_row(version) if distribution == "torch" else None
 
-    def has(module: str, name: str) -> bool:
-        return module in compiled and name in compiled[module][0]
-
-    def code_of(module: str, name: str) -> list[types.CodeType]:
-        return compiled[module][1].get(name, []) if module in compiled else []
+    def answer(known: Optional[bool], text: str, site: Optional[str] = None, file: Optional[Path] = None,
+               doubt: bool = False) -> dict[str, Any]:
+        return {"api": api, "known": known, "text": text, "site": site, "file": file and str(file),
+                "doubt": doubt}
 
     sites = _sites.sites_of(api)
     top = sites[0].module.split(".")[0]
+    if version is None:
+        return answer(None, f"{distribution} is not installed")
+    if row is not None and not row.affected:
+        return answer(None, f"torch {version} has no FSDP2")
     if module_file(top) is None:
-        return LayoutAnswer(api, None, f"cannot tell: no {top} package with source files is importable",
-                            doubt=True)
-    missing: dict[str, list[str]] = {}  # file: what each site found missing there
+        return answer(None, f"cannot tell: no {top} package with source files is importable", doubt=True)
+    compiled: dict[str, Compiled] = {}
+    files: dict[str, Path] = {}
+    missing: dict[Path, list[str]] = {}  # per file, what each site found missing there
     for candidate in sites:
         for name in (candidate.module, candidate.builder_module):
             path = module_file(name)
-            if path is None or name in compiled:
-                continue
-            try:
-                compiled[name], files[name] = compile_module(path), path
-            except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as error:
-                return LayoutAnswer(api, None, f"cannot tell: {path} cannot be compiled here ({error})",
-                                    file=str(path), doubt=True)
+            if path is not None and name not in compiled:
+                try:
+                    compiled[name], files[name] = compile_module(path), path
+                except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as error:
+                    return answer(None, f"cannot tell: {path} cannot be compiled here ({error})", file=path,
+                                  doubt=True)
         if candidate.module not in compiled:
             continue
-        problem = _sites.shape_problem(candidate, has, code_of)
+        problem = _sites.shape_problem(
+            candidate, lambda module, name: name in compiled.get(module, (frozenset(), {}))[0],
+            lambda module, name: compiled.get(module, (frozenset(), {}))[1].get(name, []))
         if problem is None:
             where = f"{candidate.builder_module.rsplit('.', 1)[-1]}.{candidate.builder}"
-            return LayoutAnswer(api, True, f"{api} site known: {where}", candidate.name,
-                                str(files[candidate.module]))
-        details = missing.setdefault(str(files[candidate.module]), [])
-        if problem not in details:
-            details.append(problem)
+            return answer(True, f"{api} site known: {where}", candidate.name, files[candidate.module])
+        details = missing.setdefault(files[candidate.module], [])
+        details += [problem] if problem not in details else []
     if not missing and api != _sites.FULLY_SHARD:  # FSDP2's replicate came in 2.9, megatron's in 0.6
-        return LayoutAnswer(api, None, f"{distribution} {version} has no {api}")
+        return answer(None, f"{distribution} {version} has no {api}")
     found = "; ".join(f"{path}: {', and '.join(details)}" for path, details in missing.items())
-    return LayoutAnswer(api, False, f"{_sites.unknown_layout(api, version)}: "
-                                    f"{found or 'none of the modules where it looks is there'}")
-
-
-# --- the report and its verdict -----------------------------------------------------------------
+    return answer(False, f"{_sites.unknown_layout(api, version)}: "
+                         f"{found or 'none of the modules where it looks is there'}")
 
 
 @dataclass
@@ -326,11 +269,10 @@ class Fact:
 @dataclass
 class DoctorReport:
     version: str
-    package_path: str
-    installation: str  # INSTALLED, EDITABLE, SOURCE_TREE or UNOWNED
-    installation_detail: str
     python: str
     executable: str
+    installation: str  # INSTALLED, EDITABLE, SOURCE_TREE or UNOWNED
+    installation_detail: str
     torch: Optional[str]
     transformers: Optional[str]
     wrapt: Optional[str]
@@ -338,11 +280,9 @@ class DoctorReport:
     mode: str
     mode_value: Optional[str]
     mode_problem: Optional[str]
-    # True: the version rows show the bug for the pair on this Python; False: none; None: they
-    # cannot tell (training processes ask torch and CPython directly).
-    in_matrix: Optional[bool]
+    in_matrix: Optional[bool]  # the version rows: the pair has the bug on this Python; None: no row
     reason: str
-    sites: list[dict[str, Any]]  # a LayoutAnswer per API
+    sites: list[dict[str, Any]]  # per API, check_layout's answer
     pth_installed: Optional[str]
     start_installed: Optional[str]
     startup_read: bool
@@ -350,8 +290,8 @@ class DoctorReport:
     plugin_arms: bool
     plugin_detail: str
     arms_by: Optional[str]  # the route that arms interpreters like this one, if any
-    armed_by: Optional[str]  # the route that armed this very process, if any
-    startup_error: Optional[str]  # what arming caught in this process
+    armed_by: Optional[str]  # what armed this very process, and what arming caught here
+    startup_error: Optional[str]
     would_apply: Optional[bool] = None  # None: files cannot tell
     facts: list[Fact] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what certainly keeps the fix out
@@ -363,8 +303,7 @@ class DoctorReport:
 
 def diagnose() -> DoctorReport:
     mode = _config.mode_from_environment()
-    installation = check_installation()
-    package = Path(fsdp_autopatch.__file__).resolve().parent
+    kind, detail = check_installation()
     torch_version, transformers_version = (installed_version(name) for name in _console.PACKAGES)
     try:
         import wrapt
@@ -374,20 +313,18 @@ def diagnose() -> DoctorReport:
         wrapt_version, wrapt_error = None, f"{type(error).__name__}: {error}"
     startup = check_startup()
     plugin_arms, plugin_detail = check_plugin(torch_version)
-    try:
-        # Whether the pair has the bug does not depend on the switch; whether it gets fixed does.
+    try:  # whether the pair has the bug does not depend on the switch
         pair = _matrix.decide(_config.AUTO, torch_version, transformers_version)
     except ValueError as error:
         pair = _matrix.Decision(False, f"unreadable version: {error}", None)
     plugin = sys.modules.get("_fsdp_autopatch_plugin")
     report = DoctorReport(
-        version=fsdp_autopatch.__version__, package_path=str(package), installation=installation.kind,
-        installation_detail=installation.detail, python=platform.python_version(), executable=sys.executable,
-        torch=torch_version, transformers=transformers_version, wrapt=wrapt_version, wrapt_error=wrapt_error,
-        mode=mode.name, mode_value=mode.raw, mode_problem=mode.problem or None, in_matrix=pair.in_matrix,
-        reason=pair.reason, sites=[asdict(answer) for answer in check_layout(torch_version)],
-        pth_installed=str(startup.pth) if startup.pth else None,
-        start_installed=str(startup.start) if startup.start else None,
+        version=fsdp_autopatch.__version__, python=platform.python_version(), executable=sys.executable,
+        installation=kind, installation_detail=detail, torch=torch_version, transformers=transformers_version,
+        wrapt=wrapt_version, wrapt_error=wrapt_error, mode=mode.name, mode_value=mode.raw,
+        mode_problem=mode.problem or None, in_matrix=pair.in_matrix, reason=pair.reason,
+        sites=[check_layout(api, torch_version) for api in _sites.APIS],
+        pth_installed=startup.pth and str(startup.pth), start_installed=startup.start and str(startup.start),
         startup_read=startup.read, startup_detail=startup.detail, plugin_arms=plugin_arms,
         plugin_detail=plugin_detail,
         arms_by=(fsdp_autopatch.START_FILE_ROUTE if startup.read else
@@ -406,30 +343,29 @@ def judge(report: DoctorReport, startup: StartupCheck) -> None:
     newer = (report.in_matrix is None and torch is not None and row is None
              and report.transformers is not None and not forced)
     needed = bool(report.in_matrix) or forced or newer
-    facts = report.facts
 
     def fact(good: bool, text: str, remedy: str = "", cause: str = "") -> None:
         """A fact that keeps the fix out where the fix is needed, when it is not ``good``."""
         mark = GOOD if good else FAILED if needed else IRRELEVANT
-        facts.append(Fact(mark, text, remedy, cause or text))
+        report.facts.append(Fact(mark, text, remedy, cause or text))
         if mark == FAILED:
             report.problems.append(text)
 
-    def unknown(text: str, matters: bool) -> None:
-        facts.append(Fact(UNKNOWN if matters else IRRELEVANT, text))
+    def unknown(text: str, matters: bool = True) -> None:
+        report.facts.append(Fact(UNKNOWN if matters else IRRELEVANT, text))
         if matters:
             report.unknowns.append(text)
 
     if report.installation == SOURCE_TREE:  # whatever the versions: nothing here is an installation
-        unknown(report.installation_detail, True)
+        unknown(report.installation_detail)
     else:
         fact(True, f"fsdp-autopatch {report.installation_detail}")
     if newer:
-        unknown(f"torch {torch} is newer than the version matrix: a probe decides at import", True)
+        unknown(f"torch {torch} is newer than the version matrix: a probe decides at import")
     else:
         fact(True, pair_fact(report, forced))
     for answer in report.sites:
-        if answer["known"] is True:
+        if answer["known"]:
             fact(True, answer["text"])
         elif answer["known"] is False or answer["doubt"]:
             unknown(answer["text"], needed)
@@ -459,8 +395,7 @@ def judge(report: DoctorReport, startup: StartupCheck) -> None:
 
 def pair_fact(report: DoctorReport, forced: bool) -> str:
     """The versions, and what the version matrix says of them on this Python."""
-    torch, transformers = report.torch, report.transformers
-    row = torch_row(torch)
+    torch, transformers, row = report.torch, report.transformers, torch_row(report.torch)
     if torch is None or (row is not None and not row.affected):
         return "torch is not installed" if torch is None else f"torch {torch} has no FSDP2 (version matrix)"
     if forced:
@@ -468,12 +403,11 @@ def pair_fact(report: DoctorReport, forced: bool) -> str:
     if transformers is None:
         return f"torch {torch}; transformers is not installed, so no affected head is"
     pair = f"torch {torch}, transformers {transformers}, {_matrix.interpreter()}"
-    if report.in_matrix:
-        return f"{pair}: the bug is here (version matrix)"
     heads = _matrix.row_for(_matrix.TRANSFORMERS_ROWS, transformers)
-    if heads is not None and not heads.affected:
-        return f"{pair}: no head inherits ABC (version matrix)"
-    return f"{pair}: CPython accepts the ABC swap (version matrix)"
+    if report.in_matrix or heads is None:
+        return f"{pair}: the bug is here (version matrix)"
+    why = "CPython accepts the ABC swap" if heads.affected else "no head inherits ABC"
+    return f"{pair}: {why} (version matrix)"
 
 
 def verdict(report: DoctorReport, forced: bool, needed: bool) -> tuple[str, str]:

@@ -88,10 +88,10 @@ def rank_command(models: list[str]) -> list[str]:
 
 def run_verify(options: argparse.Namespace, console: Console) -> int:
     run = VerifyRun(nproc=options.nproc, models=models_to_run(options.model))
-    installation = _doctor.check_installation()
+    kind, detail = _doctor.check_installation()
     missing = [name for name in _console.PACKAGES if util.find_spec(name) is None]
-    if installation.kind == _doctor.SOURCE_TREE:
-        run.cannot_run = installation.detail
+    if kind == _doctor.SOURCE_TREE:
+        run.cannot_run = detail
     elif missing:
         run.cannot_run = (f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed "
                           f"for {sys.executable}; install torch and transformers into this environment")

@@ -29,7 +29,6 @@ from typing import Any, Optional
 import pytest
 from harness import AFFECTED, json_lines, make_venv, scrubbed_environment
 
-from fsdp_autopatch import TORCH_MODULES
 from fsdp_autopatch._verify import LAYOUT_ERROR
 
 __all__ = [

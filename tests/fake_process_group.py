@@ -35,6 +35,7 @@ def init_process_group(backend: str) -> None:
     go = pathlib.Path(os.environ["FAKE_RANK_GO"])
     while not go.exists():
         time.sleep(0.02)
-    print(json.dumps({"status": {"applied": False, "reason": "a stand-in for torch.distributed"}}), flush=True)
+    status = {"applied": False, "reason": "a stand-in for torch.distributed"}
+    print(json.dumps({"status": status}), flush=True)
     print(os.environ.get("FAKE_RANK_RESULTS", ""), flush=True)
     time.sleep(600)

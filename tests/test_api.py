@@ -23,7 +23,9 @@ WRAPPERS = "FSDP2 fully_shard, FSDP2 replicate, composable DDP replicate or Mega
 STATUS = "import json, fsdp_autopatch; print(json.dumps(fsdp_autopatch.status().to_dict()))"
 
 
-def status_after(env: Throwaway, imports: str, mode: Optional[str] = None, stderr: str = "") -> dict[str, Any]:
+def status_after(
+    env: Throwaway, imports: str, mode: Optional[str] = None, stderr: str = ""
+) -> dict[str, Any]:
     result = env.run(f"{imports}\n{STATUS}", FSDP_AUTOPATCH=mode)
     assert (result.returncode, result.stderr) == (0, stderr), result.stderr
     (status,) = json_lines(result.stdout)

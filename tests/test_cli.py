@@ -42,10 +42,10 @@ import fsdp_autopatch
 from fsdp_autopatch import _config, _matrix, _verify
 
 SCRIPT = Path(sysconfig.get_path("scripts")) / ("fsdp-autopatch.exe" if os.name == "nt" else "fsdp-autopatch")
-DOCTOR_KEYS = {"version", "python", "executable", "installation", "torch", "transformers", "wrapt", "mode",
-               "in_matrix", "reason", "sites", "would_apply", "pth_installed", "start_installed", "startup_read",
-               "plugin_arms", "arms_by", "armed_by", "startup_error", "facts", "problems", "unknowns", "outcome",
-               "verdict", "exit_code"}
+DOCTOR_KEYS = {"version", "python", "executable", "installation", "torch", "transformers", "wrapt",
+               "mode", "in_matrix", "reason", "sites", "would_apply", "pth_installed", "start_installed",
+               "startup_read", "plugin_arms", "arms_by", "armed_by", "startup_error", "facts", "problems",
+               "unknowns", "outcome", "verdict", "exit_code"}
 PROOF = "Proof: fsdp-autopatch verify"
 FIXED = f"OK: the patch will fix the bug in every process of this Python. {PROOF}"
 VERIFY_KEYS = {"exit_code", "ok", "verdict", "warning", "version", "python", "torch", "transformers", "nproc",
@@ -196,8 +196,8 @@ def test_doctor_fits_a_screen_one_line_per_fact_and_ends_with_the_verdict(
     for expected in (f"   ok  fsdp-autopatch installed in {installed}",
                      "   ok  FSDP2 fully_shard site known: _fsdp_init._apply_to_module",
                      "   ok  composable DDP replicate site known: replicate.replicate",
-                     "   ok  armed at interpreter start by fsdp_autopatch.pth (torch's plugin entry point also "
-                     "present)",
+                     "   ok  armed at interpreter start by fsdp_autopatch.pth (torch's plugin entry point "
+                     "also present)",
                      "   ok  switch: auto (FSDP_AUTOPATCH unset)"):
         assert expected in facts, result.stdout
     assert lines[-1] == (FIXED if bug else lines[-1]) and lines[-1].startswith("OK: ")
@@ -245,8 +245,8 @@ def test_doctors_exit_code_is_its_verdict(installed: Path, real_torch: dict[str,
         assert "   --  switch: FSDP_AUTOPATCH=0 turns the patch off" in shown.stdout.splitlines()
         return
     assert shown.returncode == 1
-    assert last_line(shown.stdout) == ("PROBLEM: the layout bug will not be fixed here: FSDP_AUTOPATCH=0 turns the "
-                                       "patch off")
+    assert last_line(shown.stdout) == (
+        "PROBLEM: the layout bug will not be fixed here: FSDP_AUTOPATCH=0 turns the patch off")
     assert shown.stdout.splitlines()[-3:-1] == [" FAIL  switch: FSDP_AUTOPATCH=0 turns the patch off",
                                                 "        unset FSDP_AUTOPATCH to let it run"]
     report = one_object(run_cli("doctor", "--json", env=disabled).stdout)
@@ -285,8 +285,8 @@ def test_doctor_says_which_route_arms_an_interpreter_that_skips_the_pth(
         assert result.returncode == 0, result.stderr
         assert report["arms_by"] == fsdp_autopatch.PLUGIN_ROUTE
         assert report["would_apply"] is layout_bug_here()
-        assert ("   ok  armed at import torch by torch's plugin entry point (python -S reads no start-up file)"
-                in shown.stdout.splitlines())
+        assert ("   ok  armed at import torch by torch's plugin entry point (python -S reads no start-up "
+                "file)" in shown.stdout.splitlines())
         assert "install" not in shown.stdout.replace("fsdp-autopatch installed in", "")
         return
     if not layout_bug_here():
@@ -323,10 +323,11 @@ def test_doctor_exits_1_when_wrapt_is_missing(without_distributed: str) -> None:
     report = one_object(run_cli("doctor", "--json", command=command).stdout)
     if pair.in_matrix:
         assert result.returncode == 1, result.stderr
-        assert last_line(result.stdout) == "PROBLEM: the layout bug will not be fixed here: wrapt cannot be imported"
-        assert " FAIL  wrapt cannot be imported (ModuleNotFoundError: No module named 'wrapt')" in result.stdout
-        assert "        pip install wrapt" in result.stdout.splitlines()
-        assert report["problems"] == ["wrapt cannot be imported (ModuleNotFoundError: No module named 'wrapt')"]
+        missing = "wrapt cannot be imported (ModuleNotFoundError: No module named 'wrapt')"
+        assert last_line(result.stdout) == ("PROBLEM: the layout bug will not be fixed here: wrapt cannot be "
+                                            "imported")
+        assert f" FAIL  {missing}" in result.stdout and "        pip install wrapt" in result.stdout
+        assert report["problems"] == [missing]
         return
     # This CPython accepts the swap: nothing would stay broken, and the missing wrapt is shown as
     # not mattering here.
@@ -473,7 +474,8 @@ def test_a_model_that_shards_but_cannot_train_fails_unless_the_causal_lm_cannot_
     # torch's own class trains, the patched one does not: that is the patch's fault.
     code, verdict, _ = verdict_for(dict(untrained, model="token-classification"),
                                    dict(losses(0.0, 0.0), model="causal-lm"))
-    assert code == 1 and verdict.startswith("FAIL: 1 of 2 runs cannot be used (token-classification: RuntimeError")
+    assert code == 1
+    assert verdict.startswith("FAIL: 1 of 2 runs cannot be used (token-classification: RuntimeError")
 
 
 def test_losses_that_differ_for_the_causal_lm_too_are_torchs_and_only_warned_about() -> None:

@@ -68,8 +68,9 @@ def test_doctors_remedy_for_a_half_install_reinstalls_from_the_repository(
     add_distribution(throwaway.site, "torch", "2.13.0", {"torch/__init__.py": '__version__ = "2.13.0"\n'})
     add_distribution(throwaway.site, "transformers", "4.55.2",
                      {"transformers/__init__.py": '__version__ = "4.55.2"\n'})
-    shown = run_cli("doctor", command=[str(throwaway.python), "-m", "fsdp_autopatch"])
-    report = one_object(run_cli("doctor", "--json", command=[str(throwaway.python), "-m", "fsdp_autopatch"]).stdout)
+    command = [str(throwaway.python), "-m", "fsdp_autopatch"]
+    shown = run_cli("doctor", command=command)
+    report = one_object(run_cli("doctor", "--json", command=command).stdout)
     assert (report["startup_read"], report["plugin_arms"]) == (False, False)
     if report["in_matrix"]:
         assert f"        reinstall: {_console.REINSTALL_COMMAND}" in shown.stdout.splitlines(), shown.stdout
@@ -100,7 +101,7 @@ def test_help_lists_each_exit_code_once_with_one_meaning(installed: Path) -> Non
     assert set(doctor) == {0, 1, 2, 130, 141}
     assert doctor[0].startswith("OK: ") and doctor[1].startswith("PROBLEM: ")
     assert doctor[2].startswith("CANNOT TELL from files: ")
-    assert "source tree" in doctor[2] and "newer than the version matrix" in doctor[2] and "layout" in doctor[2]
+    assert all(words in doctor[2] for words in ("source tree", "newer than the version matrix", "layout"))
     verify = exit_code_lines(help_of("verify"))
     assert set(verify) == {0, 1, 2, 130, 141, 143}
     assert "never" not in verify[1] and "killed from outside" in verify[2]

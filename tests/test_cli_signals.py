@@ -207,7 +207,8 @@ def test_a_time_out_after_every_model_reported_judges_the_results(stand_in: str,
     assert process.returncode == 0, stdout + stderr
     done = len(runs)
     assert stdout.splitlines()[-1] == (
-        f"OK: {done} of {done} runs wrapped and trained; no patch was needed: a stand-in for torch.distributed")
+        f"OK: {done} of {done} runs wrapped and trained; no patch was needed: a stand-in for "
+        "torch.distributed")
     assert not alive(int(started.read_text()))
 
 

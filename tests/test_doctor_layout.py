@@ -11,7 +11,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 from conftest import environment, make_throwaway, run_python
@@ -139,16 +139,23 @@ def torch_tree(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def read_from(search: Path, version: str) -> list[_doctor.LayoutAnswer]:
+class Answer:
+    """doctor's answer for one API, read as attributes."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.__dict__.update(answer)
+
+
+def read_from(search: Path, version: str) -> list[Answer]:
     """doctor's answers with ``search`` as the only place packages are found."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "path", [str(search)])
         patch.setattr(sys, "path_importer_cache", {})
-        return _doctor.check_layout(version)
+        return [Answer(_doctor.check_layout(api, version)) for api in _sites.APIS]
 
 
 def layout(tmp_path: Path, files: dict[str, str], version: str = "2.13.0", api: str = _sites.FULLY_SHARD
-           ) -> _doctor.LayoutAnswer:
+           ) -> Answer:
     answers = read_from(torch_tree(tmp_path, files), version)
     assert [answer.api for answer in answers] == list(_sites.APIS)
     return next(answer for answer in answers if answer.api == api)
@@ -235,8 +242,8 @@ def test_a_re_exporting_shim_is_not_a_site(tmp_path: Path) -> None:
 def test_a_torch_without_fsdp2_files_is_unknown(tmp_path: Path) -> None:
     answer = layout(tmp_path, {})
     assert answer.known is False
-    assert answer.text.endswith("layout is unknown to fsdp-autopatch 0.2.0: none of the modules where it looks "
-                                "is there")
+    assert answer.text.endswith("layout is unknown to fsdp-autopatch 0.2.0: none of the modules where it "
+                                "looks is there")
 
 
 @pytest.mark.parametrize("files, version, expected", [
@@ -316,15 +323,17 @@ def test_doctor_strict_cannot_tell_for_a_torch_newer_than_the_matrix(installed: 
         return
     assert shown.returncode == 2, shown.stdout + shown.stderr
     assert "   ??  torch 2.99.0 is newer than the version matrix: a probe decides at import" in shown.stdout
-    assert shown.stdout.splitlines()[-1] == f"CANNOT TELL: files cannot tell whether the patch will fix it here. {PROOF}"
+    assert shown.stdout.splitlines()[-1] == (
+        f"CANNOT TELL: files cannot tell whether the patch will fix it here. {PROOF}")
     report = one_object(run_cli("doctor", "--json", env=environment(), command=command).stdout)
-    assert (report["sites"][0]["known"], report["would_apply"], report["outcome"]) == (True, None, "CANNOT TELL")
+    assert report["sites"][0]["known"] is True
+    assert (report["would_apply"], report["outcome"]) == (None, "CANNOT TELL")
     # Switched off, the patch certainly stays out, but whether that torch needs it is still unknown.
     off = run_cli("doctor", env=environment(FSDP_AUTOPATCH="0"), command=command)
     assert off.returncode == 2, off.stdout + off.stderr
     assert off.stdout.splitlines()[-1] == (
-        "CANNOT TELL: torch 2.99.0 may need the patch, and it will not be applied: FSDP_AUTOPATCH=0 turns the "
-        "patch off")
+        "CANNOT TELL: torch 2.99.0 may need the patch, and it will not be applied: FSDP_AUTOPATCH=0 turns "
+        "the patch off")
     # Forced, the patch applies whatever the matrix says.
     forced = run_cli("doctor", env=environment(FSDP_AUTOPATCH="force"), command=command)
     assert forced.returncode == 0, forced.stdout + forced.stderr
@@ -337,7 +346,7 @@ def test_the_installed_torchs_own_files_are_known_and_their_edits_are_not(
     real_torch: dict[str, str], tmp_path: Path
 ) -> None:
     version = real_torch["torch"]
-    answers = _doctor.check_layout(version)
+    answers = [Answer(_doctor.check_layout(api, version)) for api in _sites.APIS]
     for answer in answers:
         if answer.api == _sites.FSDP2_REPLICATE and answer.known is None:
             continue  # torch before 2.9 has none

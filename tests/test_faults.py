@@ -99,7 +99,8 @@ def test_wrapt_unusable_without_torch(tmp_path: Path, installed: Path, fault: st
     result = env.run(f"import torch.distributed.fsdp, transformers\n{STATUS}")
     status = status_after(result)
     missing = fault == "missing"
-    cause = "wrapt is not installed" if missing else "wrapt cannot be imported (RuntimeError: wrapt is broken)"
+    cause = ("wrapt is not installed" if missing else
+             "wrapt cannot be imported (RuntimeError: wrapt is broken)")
     assert not status["applied"] and status["reason"].startswith(cause)
     # Where the stand-in pair has the bug, the user reads the cause and the remedy, once.
     remedy = "pip install wrapt" if missing else "pip install --force-reinstall wrapt"
@@ -107,7 +108,8 @@ def test_wrapt_unusable_without_torch(tmp_path: Path, installed: Path, fault: st
     # Asked for, the log says it too.
     logged = env.run("import torch.distributed.fsdp", FSDP_AUTOPATCH_LOG="warning")
     assert logged.returncode == 0
-    assert [line for line in warning_lines(logged.stderr) if line.startswith(f"fsdp-autopatch WARNING: {cause}")]
+    warned = f"fsdp-autopatch WARNING: {cause}"
+    assert [line for line in warning_lines(logged.stderr) if line.startswith(warned)]
 
 
 def cannot_fix(cause: str) -> list[str]:
@@ -168,7 +170,8 @@ def test_log_variable_garbage(tmp_path: Path, installed: Path, value: str) -> No
     assert (started.returncode, started.stderr) == (0, "")
     result = env.run("import torch.distributed.fsdp, transformers", FSDP_AUTOPATCH_LOG=value)
     assert result.returncode == 0
-    ignoring = [_config.ignoring(_config.LOG_VARIABLE, value, ", ".join(_config.LOG_LEVELS))] if value.strip() else []
+    accepted = ", ".join(_config.LOG_LEVELS)
+    ignoring = [_config.ignoring(_config.LOG_VARIABLE, value, accepted)] if value.strip() else []
     assert own_lines(result.stderr) == [*ignoring, *cannot_fix("wrapt is not installed (pip install wrapt)")]
     # ASCII, and cut short: a value of 100,000 characters is shown by its first 40.
     assert all(line.isascii() and len(line) < 400 for line in own_lines(result.stderr))
@@ -523,7 +526,8 @@ def test_wrapt_unusable_real_imports(
     report, result = shard(pythonpath=tmp_path)
     assert_unpatched_like(report, unpatched)
     cause, remedy = (("wrapt is not installed", "pip install wrapt") if fault == "missing" else
-                     ("wrapt cannot be imported (RuntimeError: wrapt is broken)", "pip install --force-reinstall wrapt"))
+                     ("wrapt cannot be imported (RuntimeError: wrapt is broken)",
+                      "pip install --force-reinstall wrapt"))
     assert report["status"]["reason"] == f"{cause}; {remedy}"
     said = [f"fsdp-autopatch: cannot fix the layout bug for ABC modules here: {cause} ({remedy})"]
     assert own_lines(result.stderr) == said[:layout_bug_here()] and "Traceback" not in result.stderr
@@ -667,5 +671,5 @@ def test_unknown_fsdp_layout(unpatched: dict[str, Any], patched: dict[str, Any])
     assert "Traceback" not in result.stderr
     said = spoken(result.stderr)
     assert len(said) == layout_bug_here(), said
-    assert all(line.startswith("fsdp-autopatch: cannot fix FSDP2 fully_shard's layout bug for ABC modules here: ")
-               and line.endswith("(upgrade fsdp-autopatch)") for line in said)
+    start = "fsdp-autopatch: cannot fix FSDP2 fully_shard's layout bug for ABC modules here: "
+    assert all(line.startswith(start) and line.endswith("(upgrade fsdp-autopatch)") for line in said)

@@ -144,7 +144,8 @@ def test_unknown_fsdp2_layout_is_said_within_the_import(real_torch: dict[str, st
     assert after["transformers"] == real_torch["transformers"] and after["reason"].endswith(f"; {expected}")
     assert after["sites"] == ([f"{DDP_MODULE}.replicate"] if layout_bug_here() else [])
     # Once transformers shows the bug is here, the user reads it, once, by default too.
-    problem = expected.removeprefix("FSDP2 fully_shard runs unpatched: ").removesuffix("; upgrade fsdp-autopatch")
+    problem = expected.removeprefix("FSDP2 fully_shard runs unpatched: ")
+    problem = problem.removesuffix("; upgrade fsdp-autopatch")
     said = [f"fsdp-autopatch: cannot fix FSDP2 fully_shard's layout bug for ABC modules here: {problem} "
             "(upgrade fsdp-autopatch)"] if layout_bug_here() else []
     assert [line for line in own_lines(moved.stderr) if "WARNING" not in line] == said

@@ -59,8 +59,8 @@ def replicate_and_train(order: str, **env: str) -> tuple[dict[str, Any], dict[st
 @pytest.fixture(scope="module")
 def replicate_builds_classes(real_torch: dict[str, str]) -> None:
     if not _sites.sites_of(_sites.FSDP2_REPLICATE, _matrix.release(real_torch["torch"])):
-        pytest.skip(f"torch {real_torch['torch']}: replicate() builds Replicate<Name> classes only from torch "
-                    "2.9 on")
+        pytest.skip(f"torch {real_torch['torch']}: replicate() builds Replicate<Name> classes only from "
+                    "torch 2.9 on")
 
 
 @pytest.fixture(scope="module", params=ORDERS)

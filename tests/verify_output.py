@@ -24,7 +24,8 @@ CLASSES_HEADER = "classes the patch built, per rank:"
 
 
 def results_shown(stderr: str) -> dict[str, str]:
-    """Per run, the result word of verify's progress line for it (``[3/8] question-answering: wrapped (0.1 s)``)."""
+    """Per run, the result word of verify's progress line for it (``[3/8] question-answering:
+    wrapped (0.1 s)``)."""
     found = {}
     for line in stderr.splitlines():
         match = re.match(r"^\[\d+/\d+\] (.+): (.+) \(\d+\.\d s\)$", line)

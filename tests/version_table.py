@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fsdp_autopatch import _matrix, _sites
 
+TO = " \N{EN DASH} "  # the docs' way of writing a range of releases
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "versions.md"
 MARKERS = re.compile(r"(<!-- versions:start -->\n)(.*?)(<!-- versions:end -->)", re.S)
 
@@ -33,19 +34,19 @@ class SiteEvidence:
 
 
 SITE_EVIDENCE = (
-    SiteEvidence(_sites.FULLY_SHARD, "torch 2.4 – 2.15", "see the torch rows above"),
-    SiteEvidence(_sites.FSDP2_REPLICATE, "torch 2.9 – 2.15",
+    SiteEvidence(_sites.FULLY_SHARD, f"torch 2.4{TO}2.15", "see the torch rows above"),
+    SiteEvidence(_sites.FSDP2_REPLICATE, f"torch 2.9{TO}2.15",
                  "2.9.1 and 2.10.0 read: replicate_with_fsdp.replicate_impl builds Replicate<Name> inline "
                  "((FSDPModule, cls) in 2.9.1, (ReplicateModule, cls) in 2.10.0) with cls_to_replicate_cls; "
-                 "2.11.0 – 2.15.0 read: passed to _fsdp_init._apply_to_module like fully_shard's; 2.10.0 "
-                 "and 2.13.0 + transformers 4.55.2 run: layout error, fixed; 2.4.1 – 2.8.0 have no "
+                 f"2.11.0{TO}2.15.0 read: passed to _fsdp_init._apply_to_module like fully_shard's; 2.10.0 "
+                 f"and 2.13.0 + transformers 4.55.2 run: layout error, fixed; 2.4.1{TO}2.8.0 have no "
                  "replicate_with_fsdp"),
-    SiteEvidence(_sites.DDP_REPLICATE, "torch 2.4 – 2.15",
+    SiteEvidence(_sites.DDP_REPLICATE, f"torch 2.4{TO}2.15",
                  "2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0, 2.13.0 and 2.15.0 read: _composable/replicate.py's "
                  "replicate() ends with type(f\"DDP{cls.__name__}\", (DDP, cls), dct) and module.__class__ "
                  "= new_cls, no cache; 2.4.1, 2.8.0, 2.10.0, 2.13.0 and 2.15.0 + transformers 4.55.2 run: "
                  "layout error, fixed, trains exactly"),
-    SiteEvidence(_sites.MEGATRON_FULLY_SHARD, "megatron-fsdp 0.6.0 – 0.6.1",
+    SiteEvidence(_sites.MEGATRON_FULLY_SHARD, f"megatron-fsdp 0.6.0{TO}0.6.1",
                  "0.6.0 and 0.6.1 read: experimental/fully_shard.py's _attach_mixin builds "
                  "type(f\"ExperimentalFsdp{module_cls.__name__}\", (FsdpModule, module_cls), {}), no cache; "
                  "0.6.1 + torch 2.13.0 + transformers 4.55.2 run on the CPU: layout error unpatched, wraps "
@@ -106,7 +107,7 @@ def versions(row: _matrix.Row) -> str:
     if row.package == "torch" and row.end == (*row.first[:-1], row.first[-1] + 1):
         return release_text(row.first)  # one release
     last = release_text(row.last) if row.last else f"< {release_text(row.end)}"
-    return f"{release_text(row.first)} – {last}"
+    return f"{release_text(row.first)}{TO}{last}"
 
 
 def render() -> str:
@@ -123,8 +124,9 @@ def render() -> str:
     lines += ["", "Where each wrapper builds its classes (`fsdp_autopatch/_sites.py`, one row per way):", "",
               "| wrapper | releases | evidence |", "| --- | --- | --- |"]
     lines += [f"| {site.api} | {site.releases} | {site.evidence} |" for site in SITE_EVIDENCE]
-    lines += ["", f"Every other `__class__` assignment in torch 2.4 – {release_text(_matrix.TORCH_ROWS[-1].first)}"
-              " and megatron-fsdp 0.5.0 – 0.6.1, left alone:", "",
+    newest = release_text(_matrix.TORCH_ROWS[-1].first)
+    lines += ["", f"Every other `__class__` assignment in torch 2.4{TO}{newest} and megatron-fsdp "
+              f"0.5.0{TO}0.6.1, left alone:", "",
               "| package | file | function | why |", "| --- | --- | --- | --- |"]
     lines += [f"| {swap.package} | `{swap.file}` | `{swap.function}` | {swap.reason} |"
               for swap in OTHER_CLASS_SWAPS]
