@@ -40,7 +40,7 @@ import types
 import typing
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Generic, Optional, TypeVar
 
 # CPython type flags (Include/object.h), stable since 3.0.
 _HAVE_GC = 1 << 14
@@ -61,8 +61,40 @@ COMPATIBLE = "compatible"  # CPython refuses torch's class; a layout-compatible 
 REFUSED = "refused"  # CPython refuses torch's class and no compatible one can be built
 
 _GENERIC_PARAMETER = typing.TypeVar("_GENERIC_PARAMETER")
+Value = TypeVar("Value")
 
 logger = logging.getLogger("fsdp_autopatch")
+
+
+class ByIdentity(Generic[Value]):
+    """A table keyed by the identity of its keys, held weakly: it never calls a key's ``__eq__``
+    or ``__hash__`` (a user's metaclass may define them, by name or not at all), and an entry goes
+    with its key. CPython calls a weak reference's callback before the key's memory, and so its
+    id, can be reused."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[Any], Value]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Any) -> Optional[Value]:
+        entry = self._entries.get(id(key))
+        return entry[1] if entry is not None and entry[0]() is key else None
+
+    def set(self, key: Any, value: Value) -> None:
+        entries, ident = self._entries, id(key)
+
+        def forget(reference: weakref.ref[Any]) -> None:
+            if entries.get(ident, (None,))[0] is reference:
+                del entries[ident]
+
+        entries[ident] = (weakref.ref(key, forget), value)
+
+
+def index_of(sequence: tuple[type, ...], item: type) -> int:
+    """``sequence.index(item)`` by identity: ``index`` compares with ``==``, a metaclass's."""
+    return next(position for position, each in enumerate(sequence) if each is item)
 
 
 def _adds_nothing(cls: type) -> bool:
@@ -146,20 +178,29 @@ def _super_attributes(code: types.CodeType) -> Optional[set[str]]:
     return names if super_loads == 0 else None
 
 
-def super_call_names(cls: type) -> set[str]:
+# Per wrapper class (torch's), what super_call_names found: disassembled once, not per class built.
+_super_names: ByIdentity[tuple[tuple[Any, ...], frozenset[str]]] = ByIdentity()
+
+
+def super_call_names(cls: type) -> frozenset[str]:
     """Names that ``cls``'s own methods look up through zero-argument ``super()``.
 
     A method that uses ``super`` in a way that cannot be followed counts with every name it
-    uses, so the answer errs towards refusing.
+    uses, so the answer errs towards refusing. Kept per class while its methods are the same
+    (a monkeypatch of the wrapper replaces a function, and the answer is found again).
     """
+    functions = tuple(function for value in cls.__dict__.values() for function in _functions(value)
+                      if "__class__" in function.__code__.co_freevars)
+    codes = tuple(function.__code__ for function in functions)
+    known = _super_names.get(cls)
+    if known is not None and len(known[0]) == len(codes) and all(a is b for a, b in zip(known[0], codes)):
+        return known[1]
     names: set[str] = set()
-    for value in cls.__dict__.values():
-        for function in _functions(value):
-            code = function.__code__
-            if "__class__" in code.co_freevars:
-                looked_up = _super_attributes(code)
-                names.update(code.co_names if looked_up is None else looked_up)
-    return names
+    for code in codes:
+        looked_up = _super_attributes(code)
+        names.update(code.co_names if looked_up is None else looked_up)
+    _super_names.set(cls, (codes, frozenset(names)))
+    return frozenset(names)
 
 
 def _bind(value: Any, instance: Any, owner: type) -> Any:
@@ -259,7 +300,7 @@ def shadowed_names(wrapper: type, cls: type, parent: type) -> frozenset[str]:
     wrapper (``cls`` down to ``parent``, and ``parent``'s own bases) also defines: only these
     need a stand-in in the mirror. Errs towards more names, which are always correct."""
     mro = cls.__mro__
-    head = {c for c in (*mro[: mro.index(parent) + 1], *parent.__mro__) if c is not object}
+    head = [c for c in (*mro[: index_of(mro, parent) + 1], *parent.__mro__) if c is not object]
     wrapper_names = {name for c in wrapper.__mro__[:-1] for name in c.__dict__} - _CLASS_METADATA
     return frozenset(name for name in wrapper_names if any(name in c.__dict__ for c in head))
 
@@ -442,7 +483,7 @@ def _check_super_calls(new_cls: type, wrapper: type, cls: type) -> None:
     MROs find it there first).
     """
     mro = new_cls.__mro__
-    head = mro[mro.index(cls) : mro.index(wrapper)]
+    head = mro[index_of(mro, cls) : index_of(mro, wrapper)]
     chain = wrapper.__mro__[:-1]
     for position, real in enumerate(chain):
         later = chain[position + 1 :]

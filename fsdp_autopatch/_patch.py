@@ -23,6 +23,7 @@ import builtins
 import dis
 import inspect
 import logging
+import os
 import sys
 import threading
 import weakref
@@ -58,9 +59,9 @@ class Construction:
         self.deepcopy = deepcopy
         self.module = module
         self.helper = helper
-        # What became of each original class: per class, not per call. It holds no class: torch's
-        # cache (FSDP2) or the modules (composable DDP) keep the classes alive, as without the patch.
-        self.decisions: weakref.WeakKeyDictionary[type, Decision] = weakref.WeakKeyDictionary()
+        # What became of each original class: per class (by identity), not per call. It holds no
+        # class: torch's cache (FSDP2) or the modules (composable DDP) keep them alive, as without it.
+        self.decisions: _layout.ByIdentity[Decision] = _layout.ByIdentity()
         # The builder function whose code was redirected, and its code before and after.
         self.function: Optional[FunctionType] = None
         self.patched_code: Optional[CodeType] = None
@@ -69,6 +70,7 @@ class Construction:
         return f"{self.site.prefix}{cls.__name__}"
 
     def namespace(self) -> dict[str, Any]:
+        """The namespace torch passes (the self-check's and the probe's, at inline sites)."""
         return {} if self.deepcopy is None else {"__deepcopy__": self.deepcopy}
 
 
@@ -175,7 +177,7 @@ class TypeStandIn:
         self.module_name = module_name
         # type() names a new class's __module__ after the calling frame's globals: torch's module.
         self.build = _layout.type_called_from(module_name)
-        self.constructions: dict[type, Construction] = {}  # by wrapper class
+        self.constructions: dict[int, Construction] = {}  # by the identity of the wrapper class
         # The functions whose code loads this stand-in: function -> its code before.
         self.originals: dict[FunctionType, CodeType] = {}
 
@@ -187,14 +189,20 @@ class TypeStandIn:
         own = self.own_type()
         if own is not builtins.type:  # rebound after the install: the user's, as without the patch
             return own(*args, **kwargs)
-        if len(args) == 3 and not kwargs:
-            name, bases, _namespace = args
-            if builtins.type(bases) is tuple and len(bases) == 2 and isinstance(bases[0], builtins.type) \
-                    and isinstance(bases[1], builtins.type):
-                construction = self.constructions.get(bases[0])
-                if construction is not None and name == construction.name(bases[1]):
-                    return self.wrapper_class(construction, bases[1], args)
-        return self.build(*args, **kwargs)
+        try:
+            if len(args) == 3 and not kwargs:
+                name, bases, _namespace = args
+                if builtins.type(bases) is tuple and len(bases) == 2 \
+                        and isinstance(bases[0], builtins.type) and isinstance(bases[1], builtins.type):
+                    construction = self.constructions.get(id(bases[0]))
+                    if construction is not None and construction.wrapper is bases[0] \
+                            and name == construction.name(bases[1]):
+                        return self.wrapper_class(construction, bases[1], args)
+            return self.build(*args, **kwargs)
+        except BaseException as error:
+            # What a user's class hook (or torch) raised, with the package's frames taken out of
+            # its traceback, as CPython's import system takes out its own: this frame stays.
+            raise error.with_traceback(_without_own_frames(error.__traceback__))  # noqa: B904
 
     def wrapper_class(self, construction: Construction, cls: type, args: tuple[Any, ...]) -> type:
         """torch's class for ``cls``, built by torch's own call each time torch asks (once per
@@ -213,10 +221,9 @@ class TypeStandIn:
             if compatible is not None:
                 return compatible
         upstream = self.build(*args)  # torch's call; what it raises is torch's
-        try:
+        try:  # built from the namespace torch passed in this very call
             chosen = _layout.wrapper_class(
-                _mirrors, construction.wrapper, cls, args[0], construction.namespace(),
-                self.module_name, upstream)
+                _mirrors, construction.wrapper, cls, args[0], args[2], self.module_name, upstream)
         except Exception as error:  # this package's failure: torch's class, as without it
             chosen = _layout.WrapperClass(upstream, _layout.REFUSED,
                                           reason=f"fsdp-autopatch failed: {type(error).__name__}: {error}")
@@ -224,7 +231,7 @@ class TypeStandIn:
             decision = construction.decisions.get(cls)
             first = decision is None
             if decision is None:
-                construction.decisions[cls] = Decision(chosen)
+                construction.decisions.set(cls, Decision(chosen))
             elif decision.outcome == _layout.COMPATIBLE:
                 kept = decision.compatible()
                 if kept is not None:
@@ -417,7 +424,7 @@ def install(construction: Construction) -> None:
             function.__globals__[PRIVATE_TYPE] = stand_in
             stand_in.originals[function] = function.__code__
             function.__code__ = patched
-        stand_in.constructions[construction.wrapper] = construction
+        stand_in.constructions[id(construction.wrapper)] = construction
         construction.function, construction.patched_code = function, function.__code__
         installed.append(construction)
     cache = getattr(sys.modules.get(construction.site.module), construction.site.cache or "", None)
@@ -425,8 +432,8 @@ def install(construction: Construction) -> None:
         for cls, built in list(cache.items()):
             if isinstance(cls, type) and isinstance(built, type) and not _layout.acceptance(cls)(built):
                 cache.pop(cls, None)
-                logger.info("dropped %s, which torch cached at %s before the patch and CPython "
-                            "refuses for %s", built.__name__, construction.site.name, cls.__qualname__)
+                logger.debug("dropped %s, which torch cached at %s before the patch and CPython "
+                             "refuses for %s", built.__name__, construction.site.name, cls.__qualname__)
 
 
 def uninstall(construction: Construction) -> None:
@@ -441,7 +448,7 @@ def uninstall(construction: Construction) -> None:
         stand_in = function.__globals__.get(PRIVATE_TYPE)
         if not isinstance(stand_in, TypeStandIn):
             return
-        stand_in.constructions.pop(construction.wrapper, None)
+        stand_in.constructions.pop(id(construction.wrapper), None)
         if not stand_in.constructions:
             for redirected_function, code in stand_in.originals.items():
                 redirected_function.__code__ = code
@@ -466,7 +473,8 @@ def undone(construction: Construction) -> Optional[str]:
         return f"{site.builder_module}.{site.builder} was rebound to {current!r}"
     if function.__code__ is not construction.patched_code:
         return f"the code of {site.builder_module}.{site.builder} was replaced"
-    if not isinstance(stand_in, TypeStandIn) or construction.wrapper not in stand_in.constructions:
+    if not isinstance(stand_in, TypeStandIn) or stand_in.constructions.get(id(construction.wrapper)) \
+            is not construction:
         return "the stand-in for type was removed"
     own = stand_in.own_type()
     if own is not builtins.type:
@@ -507,8 +515,7 @@ def check(construction: Construction) -> Optional[str]:
         cls = _throwaway_abc_module("SelfCheck")
         instance = object.__new__(cls)
         try:
-            patched = construction.module.__dict__.get(PRIVATE_TYPE, builtins.type)
-            _apply_construction(construction, instance, patched)
+            _apply_construction(construction, instance, patched=True)
         except TypeError as error:
             chosen = cls.__dict__.get(_CHOSEN)
             why = f" (no compatible class: {chosen.reason})" if chosen is not None and chosen.reason else ""
@@ -535,8 +542,7 @@ def probe_layout_bug(construction: Optional[Construction] = None) -> Optional[bo
                 return None
         instance = object.__new__(_throwaway_abc_module("LayoutProbe"))
         try:
-            unpatched = _layout.type_called_from(construction.module.__name__)
-            _apply_construction(construction, instance, unpatched)
+            _apply_construction(construction, instance, patched=False)
         except TypeError as error:
             if "__class__" in str(error) and not isinstance(instance, construction.wrapper):
                 return True
@@ -549,6 +555,16 @@ def probe_layout_bug(construction: Optional[Construction] = None) -> Optional[bo
         return None
 
 
+_PACKAGE_DIRECTORY = os.path.dirname(__file__)
+
+
+def _without_own_frames(traceback: Any) -> Any:
+    """``traceback`` from its first frame that is not this package's."""
+    while traceback is not None and traceback.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIRECTORY):
+        traceback = traceback.tb_next
+    return traceback
+
+
 def _throwaway_abc_module(name: str) -> type:
     """A new ``class name(ABC)``, marked so that it is never listed as the user's. It has the
     layout of ``class (ABC, nn.Module)`` (a ``__dict__`` added on top of ``ABC``), which is what
@@ -557,26 +573,29 @@ def _throwaway_abc_module(name: str) -> type:
     return type(name, (abc.ABC,), {_THROWAWAY: True, "__module__": __name__})
 
 
-def _apply_construction(construction: Construction, instance: object, type_: Callable[..., Any]) -> None:
-    """What torch does to a module at a site, with a throwaway class cache and ``type_`` as the
-    ``type`` of inline construction: the helper where the site has one (torch 2.11+, whose global
-    ``type`` is whatever the module has now), else the code the other sites run inline in their
-    entry function. Raises TypeError when CPython refuses the swap, as torch does."""
-    if construction.helper is not None:
-        call = _bind_helper(construction, instance)
-        if call is None:
-            raise TypeError(f"torch's {construction.site.builder} takes arguments unknown to fsdp-autopatch")
-        call()
+def _apply_construction(construction: Construction, instance: object, patched: bool) -> None:
+    """What torch does to a module at a site, with a throwaway class cache, as the patch has it
+    or (not ``patched``) as torch wrote it: torch's helper where the site has one (torch 2.11+),
+    else the construction the other sites run inline in their entry function. Raises TypeError
+    where CPython refuses the swap, as torch does."""
+    if construction.helper is None:
+        module = construction.module
+        type_ = module.__dict__.get(PRIVATE_TYPE, builtins.type) if patched else \
+            _layout.type_called_from(module.__name__)
+        cls = type(instance)
+        new_cls = type_(construction.name(cls), (construction.wrapper, cls), construction.namespace())
+        instance.__class__ = new_cls
         return
-    cls = type(instance)
-    new_cls = type_(construction.name(cls), (construction.wrapper, cls), construction.namespace())
-    instance.__class__ = new_cls
+    call = _bind_helper(construction, instance, patched)
+    if call is None:
+        raise TypeError(f"torch's {construction.site.builder} takes arguments unknown to fsdp-autopatch")
+    call()
 
 
-def _bind_helper(construction: Construction, instance: object) -> Optional[Callable[[], Any]]:
-    """The helper called for ``instance`` with a throwaway cache, its arguments matched to its
-    signature by the names the site's row gives them; None when it takes a required parameter
-    the row does not name."""
+def _bind_helper(construction: Construction, instance: object, patched: bool) -> Optional[Callable[[], Any]]:
+    """torch's helper, its code as patched or as torch wrote it, called for ``instance`` with a
+    throwaway cache, its arguments matched to its signature by the names the site's row gives
+    them; None when it takes a required parameter the row does not name."""
     helper = construction.helper
     assert helper is not None
     site = construction.site
@@ -597,4 +616,13 @@ def _bind_helper(construction: Construction, instance: object) -> Optional[Calla
             logger.debug("torch's %s takes %s, unknown to this package",
                          getattr(helper, "__qualname__", helper), parameter.name)
             return None
+    function = inspect.unwrap(helper)
+    if isinstance(function, FunctionType):
+        # torch's code run under a name of its own: profilers (cProfile keys functions by their
+        # code's file, line and name) then list torch's builder with its users' calls only.
+        code = function.__code__ if patched else code_before(function)
+        label = f"{code.co_name} (fsdp-autopatch {'self-check' if patched else 'probe'})"
+        code = code.replace(co_name=label, **({"co_qualname": label} if sys.version_info >= (3, 11) else {}))
+        helper = FunctionType(code, function.__globals__, label, function.__defaults__, function.__closure__)
+        helper.__kwdefaults__ = function.__kwdefaults__
     return lambda: helper(*args, **kwargs)

@@ -99,3 +99,26 @@ def test_torch_without_fsdp2_is_decided(env: Throwaway) -> None:
     assert status["applied"] is False
     assert status["reason"].startswith("torch 2.3.1 has no FSDP2 (")
     assert status["reason"].endswith("nothing to patch")
+
+
+def test_a_type_rebound_in_torchs_builders_is_named_not_waited_for(env: Throwaway) -> None:
+    """Both wrappers imported, each builder's ``type`` the user's before the install: the status
+    names the decision and each binding, never "waiting for" what is imported."""
+    torch_version(env, "2.13.0")
+    result = env.run_program(Path(__file__).with_name("rebound_type.py"))
+    (status,) = json_lines(result.stdout)
+    assert not status["applied"] and "waiting" not in status["reason"], status["reason"]
+    bound = ("type is <function logging_type at 0x", ">, not the builtin: bound before fsdp-autopatch "
+             "installed; remove that binding, or call torch's own")
+    for api, module in (("FSDP2 fully_shard", "torch.distributed.fsdp._fully_shard._fsdp_init"),
+                        ("composable DDP replicate", "torch.distributed._composable.replicate")):
+        assert f"; {api} runs unpatched: {module}.{bound[0]}" in status["reason"]
+    assert status["reason"].count(bound[1]) == 2
+    # The decision is the version rows' (no site of this torch could be run), and the user reads
+    # the first cause where the rows show the bug.
+    assert status["decided_by"] == "matrix"
+    said = [line for line in result.stderr.splitlines() if line.startswith("fsdp-autopatch: ")]
+    assert len(said) == (1 if status["in_matrix"] else 0)
+    start = ("fsdp-autopatch: cannot fix FSDP2 fully_shard's layout bug for ABC modules here: "
+             "torch.distributed.fsdp._fully_shard._fsdp_init.type is ")
+    assert all(line.startswith(start) for line in said)

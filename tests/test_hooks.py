@@ -83,6 +83,10 @@ def test_silent_by_default_and_at_info_the_sites_are_debug(real_torch: dict[str,
     quiet = run_program(IMPORT_BOTH)
     assert quiet.stdout == f"{layout_bug_here()}\n" and own_lines(quiet.stderr) == []
     assert own_lines(run_program(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH_LOG="info")).stderr) == []
+    # An application that logs at INFO reads as many lines of the package's as without it: none.
+    for mode in ("auto", "0"):
+        logged = run_program(IMPORT_BOTH, "--log-info", env=environment(FSDP_AUTOPATCH=mode)).stderr
+        assert [line for line in logged.splitlines() if line.startswith("fsdp_autopatch ")] == [], mode
     told = own_lines(run_program(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH_LOG="debug")).stderr)
     decision = [line for line in told if "(decided by the probe)" in line]
     assert len(decision) == 1 and f"transformers {real_torch['transformers']}" in decision[0]

@@ -89,3 +89,93 @@ def test_torch_compile_treats_a_compatible_class_as_its_abc_last_twin(real_torch
             assert first == last, (backend, wrapper)
             assert first["monkeypatch"] is True and first["forward"]["equal_to_eager"] is True
             assert first["forward"]["graph_breaks"] >= 1, "the counts are read"
+
+
+IDENTITY = Path(__file__).with_name("identity_classes.py")
+
+
+def test_classes_are_told_apart_by_identity_never_by_a_metaclass_eq_or_hash(
+    real_torch: dict[str, str]
+) -> None:
+    """Two classes named Head whose metaclass makes them equal, then a Head needing the fix and
+    one not, and a plain module that cannot be hashed, through every wrapper: as torch alone
+    treats their ABC-last twins. (FSDP2's own class cache compares by ``==``: a second ``Head``
+    gets the first's wrapper class from it, torch's doing, as for the twins.)"""
+    def classes(*args: str, **env: str) -> dict[str, Any]:
+        (report,) = json_lines(run_program(IDENTITY, *args, env=environment(**env)).stdout)
+        return report
+
+    twins_alone, twins = classes("--abc-last", FSDP_AUTOPATCH="0"), classes("--abc-last")
+    assert twins == twins_alone
+    heads = classes()
+    cached = ("fully_shard", "FSDP2 replicate")  # the wrappers with a class cache of torch's
+    for wrapper in cached:
+        # torch's cache hands the first Head's class to the second: for the twin it fits; for an
+        # ABC-last Head after an ABC-first one it is the compatible class, whose layout does not.
+        first, second = heads[wrapper]["abc then plain"]
+        assert first == twins[wrapper]["abc then plain"][0]
+        assert second == ({"wrapped": False, "error": "layout"} if layout_bug_here()
+                          else twins[wrapper]["abc then plain"][1])
+        del heads[wrapper]["abc then plain"], twins[wrapper]["abc then plain"]
+    assert heads == twins
+    # Not vacuous: without a cache each module runs its own class's forward, the unhashable
+    # plain module wraps (torch's cache cannot hash it), and the cache conflates the two Heads.
+    assert [entry["forward"] for entry in heads["DDP replicate"]["same name"]] == ["model_a", "model_b"]
+    assert heads["DDP replicate"]["unhashable"] == [{"forward": "plain", "own_class_in_mro": True,
+                                                     "wrapped": True}]
+    assert heads["fully_shard"]["unhashable"][0]["wrapped"] is False
+    assert [entry["forward"] for entry in heads["fully_shard"]["same name"]] == ["model_a", "model_a"]
+
+
+def test_a_compatible_class_takes_the_namespace_torch_passes_in_that_call(real_torch: dict[str, str]) -> None:
+    """A deep-copy stub rebound after the imports is on the ABC-first head's class as on its twin's."""
+    def report(**env: str) -> dict[str, Any]:
+        program = Path(__file__).with_name("namespace_of_the_call.py")
+        (found,) = json_lines(run_program(program, env=environment(**env), prepared=True).stdout)
+        return found
+
+    patched, alone = report(), report(FSDP_AUTOPATCH="0")
+    assert patched == {f"{wrapper} {head}": True for wrapper in ("fully_shard", "DDP replicate")
+                       for head in ("abc first", "abc last")}
+    # torch alone: the twins hold it; the ABC-first heads fail where the bug is.
+    for wrapper in ("fully_shard", "DDP replicate"):
+        assert alone[f"{wrapper} abc last"] is True
+        assert (alone[f"{wrapper} abc first"] is True) is not layout_bug_here()
+
+
+def test_a_users_class_hook_meets_torchs_frames_and_one_of_the_package(real_torch: dict[str, str]) -> None:
+    """An error a user's ``__init_subclass__`` raises in torch's call carries the traceback torch
+    alone shows, and one frame of the package's: the stand-in for ``type`` torch's code calls
+    (docs/how-it-works.md#limits), which a ``stacklevel=2`` warning names too."""
+    def report(**env: str) -> dict[str, Any]:
+        program = Path(__file__).with_name("refusing_hook.py")
+        (found,) = json_lines(run_program(program, env=environment(**env), prepared=True).stdout)
+        return found
+
+    patched, alone = report(), report(FSDP_AUTOPATCH="0")
+    for wrapper in ("fully_shard", "DDP replicate"):
+        frames, hook = patched[wrapper]["frames"], ["refusing_hook.py", "__init_subclass__"]
+        own = [frame for frame in frames if frame[0] in ("_patch.py", "_layout.py", "_hooks.py")]
+        assert own == ([["_patch.py", "__call__"]] if layout_bug_here() else []), frames
+        assert [frame for frame in frames if frame not in own] == alone[wrapper]["frames"]
+        assert frames[-1] == hook and frames[-2 - len(own)][0] in ("_fsdp_init.py", "replicate.py")
+        assert alone[wrapper]["warned_in"] == [frames[-2 - len(own)][0]]
+        warned = ["_layout.py"] if layout_bug_here() else alone[wrapper]["warned_in"]
+        assert patched[wrapper]["warned_in"] == warned
+
+
+def test_cprofile_lists_torchs_builder_as_torch_alone_does(real_torch: dict[str, str]) -> None:
+    """torch 2.11+'s shared builder, under cProfile: called by fully_shard twice, as without the
+    package; the probe and the self-check run its code under a label of their own."""
+    def report(**env: str) -> dict[str, Any]:
+        program = Path(__file__).with_name("profiled.py")
+        (found,) = json_lines(run_program(program, env=environment(**env)).stdout)
+        return found
+
+    alone, patched = report(FSDP_AUTOPATCH="0"), report()
+    assert len(alone) == 1 and list(alone.values()) == [{"calls": 2, "callers": ["fully_shard"]}], alone
+    torchs = {label: entry for label, entry in patched.items() if "fsdp-autopatch" not in label}
+    assert torchs == alone
+    checks = sorted(label.rsplit(":", 1)[1] for label in patched if label not in torchs)
+    probe, check = "_apply_to_module (fsdp-autopatch probe)", "_apply_to_module (fsdp-autopatch self-check)"
+    assert checks == ([probe, check] if layout_bug_here() else [probe])
