@@ -158,6 +158,13 @@ class LentLoader:
             raise AttributeError(name)
         return getattr(self.loader, name)
 
+    def __reduce_ex__(self, protocol: object) -> object:
+        # A spec found while the hand-over is lent (importlib.util.find_spec before the import)
+        # pickles and deep-copies with (a copy of) the module's own loader, as without the package.
+        import copy
+
+        return copy.copy, (self.loader,)
+
 
 class HandOverLoader(LentLoader):
     """For a loader with ``exec_module``: hands over in ``create_module``."""

@@ -308,3 +308,15 @@ def test_half_removed_install(tmp_path: Path, installed: Path, variables: dict[s
             assert "fsdp_autopatch:arm" in result.stderr, result.stderr
         else:
             assert result.stderr == ""
+
+
+def test_a_spec_found_before_a_watched_import_pickles_and_copies_as_without_the_package(
+    tmp_path: Path, installed: Path
+) -> None:
+    env = make_throwaway(tmp_path / "venv", installed)
+    fake_torch(env.site)
+    runs = {mode: env.run_program(Path(__file__).with_name("spec_copies.py"), FSDP_AUTOPATCH=mode)
+            for mode in (None, "0")}
+    reports = [state_of(run) for run in runs.values()]
+    assert reports[0] == reports[1] == {how: ["SourceFileLoader", "torch.distributed.fsdp", True]
+                                        for how in ("pickled", "deep-copied")}
