@@ -216,10 +216,10 @@ def check_layout(api: str, torch_version: Optional[str]) -> dict[str, Any]:
     version = torch_version if distribution == "torch" else installed_version(distribution)
     row = torch_row(version) if distribution == "torch" else None
 
-    def answer(known: Optional[bool], text: str, site: Optional[str] = None, file: Optional[Path] = None,
-               doubt: bool = False) -> dict[str, Any]:
-        return {"api": api, "known": known, "text": text, "site": site, "file": file and str(file),
-                "doubt": doubt}
+    def answer(known: Optional[bool], text: str, site: Optional[_sites.Site] = None,
+               file: Optional[Path] = None, doubt: bool = False) -> dict[str, Any]:
+        return {"api": api, "known": known, "text": text, "site": site and site.name,
+                "file": file and str(file), "doubt": doubt, "fixed": bool(site and site.fixed)}
 
     sites = _sites.sites_of(api)
     top = sites[0].module.split(".")[0]
@@ -248,7 +248,8 @@ def check_layout(api: str, torch_version: Optional[str]) -> dict[str, Any]:
             lambda module, name: compiled.get(module, (frozenset(), {}))[1].get(name, []))
         if problem is None:
             where = f"{candidate.builder_module.rsplit('.', 1)[-1]}.{candidate.builder}"
-            return answer(True, f"{api} site known: {where}", candidate.name, files[candidate.module])
+            fixed = " (torch's own fix)" if candidate.fixed else ""
+            return answer(True, f"{api} site known: {where}{fixed}", candidate, files[candidate.module])
         details = missing.setdefault(files[candidate.module], [])
         details += [problem] if problem not in details else []
     if not missing and api != _sites.FULLY_SHARD:  # FSDP2's replicate came in 2.9, megatron's in 0.6
@@ -342,7 +343,7 @@ def judge(report: DoctorReport, startup: StartupCheck) -> None:
     forced = report.mode == _config.FORCE and torch is not None and (row is None or row.affected)
     newer = (report.in_matrix is None and torch is not None and row is None
              and report.transformers is not None and not forced)
-    needed = bool(report.in_matrix) or forced or newer
+    needed = (bool(report.in_matrix) or forced or newer) and not torch_fixes_it(report)
 
     def fact(good: bool, text: str, remedy: str = "", cause: str = "") -> None:
         """A fact that keeps the fix out where the fix is needed, when it is not ``good``."""
@@ -393,6 +394,13 @@ def judge(report: DoctorReport, startup: StartupCheck) -> None:
     report.exit_code = EXIT_CODE[report.outcome]
 
 
+def torch_fixes_it(report: DoctorReport) -> bool:
+    """Every site torch's files have builds classes CPython accepts itself (a torch with the fix)."""
+    known = [answer for answer in report.sites
+             if answer["known"] and _sites.distribution_of(answer["api"]) == "torch"]
+    return bool(known) and all(answer["fixed"] for answer in known)
+
+
 def pair_fact(report: DoctorReport, forced: bool) -> str:
     """The versions, and what the version matrix says of them on this Python."""
     torch, transformers, row = report.torch, report.transformers, torch_row(report.torch)
@@ -404,6 +412,8 @@ def pair_fact(report: DoctorReport, forced: bool) -> str:
         return f"torch {torch}; transformers is not installed, so no affected head is"
     pair = f"torch {torch}, transformers {transformers}, {_matrix.interpreter()}"
     heads = _matrix.row_for(_matrix.TRANSFORMERS_ROWS, transformers)
+    if torch_fixes_it(report):
+        return f"{pair}: torch's files have the fix"
     if report.in_matrix or heads is None:
         return f"{pair}: the bug is here (version matrix)"
     why = "CPython accepts the ABC swap" if heads.affected else "no head inherits ABC"

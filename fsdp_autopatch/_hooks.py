@@ -201,9 +201,15 @@ def try_install(just_ran: Optional[object] = None) -> None:
             transformers_version, transformers_note = (
                 _version_of(TRANSFORMERS) if TRANSFORMERS in sys.modules else (None, ""))
             _status.torch, _status.transformers = torch_version, transformers_version
-            # Where no site of this torch can be run, the version rows answer.
-            probe = None if first is None else (lambda: _patch.probe_layout_bug(first))
-            _decision = _matrix.decide(mode, torch_version, transformers_version, probe)
+            # torch's own code is asked at every site loaded: the bug is here if any refuses;
+            # where no site of this torch can be run, the version rows answer.
+            answers = [_probed(api, construction) for api, construction in loaded.items() if construction]
+            bug = (True if _patch.REFUSED in answers else None if None in answers or not answers else False)
+            _decision = _matrix.decide(mode, torch_version, transformers_version, lambda: bug)
+            if bug is False and _patch.TORCH_COMPATIBLE in answers and not _decision.apply:
+                _decision = dataclasses.replace(_decision, reason=(
+                    f"torch {torch_version} builds wrapper classes {_matrix.interpreter()} accepts for ABC "
+                    "modules itself (probed at every site): nothing to patch"))
             _status.in_matrix, _status.decided_by = _decision.in_matrix, _decision.decided_by
             _status.reason = _with_problems("".join((torch_note, transformers_note, _decision.reason)))
             # Whether the bug is here changes nothing in a run by itself: DEBUG, unless nobody can tell.
@@ -220,6 +226,10 @@ def try_install(just_ran: Optional[object] = None) -> None:
             if construction is None:
                 continue
             _settled.add(api)
+            if _probed(api, construction) in (_patch.ACCEPTED, _patch.TORCH_COMPATIBLE):
+                logger.debug("left %s to torch: its own construction gives an ABC module a class CPython "
+                             "accepts", api)
+                continue  # nothing of torch's is rewritten where torch needs no fix
             problem = _patch.install_checked(construction)
             if problem is None:
                 _status.applied = True
@@ -232,6 +242,15 @@ def try_install(just_ran: Optional[object] = None) -> None:
 # What keeps each API unpatched (an unknown layout, a failed self-check): the problem and its
 # remedy, said once and kept at the end of the status's reason.
 _problems: dict[str, tuple[str, str]] = {}
+# What torch's own construction at each API's site did with an ABC module (_patch.probe), asked
+# once per site.
+_answers: dict[str, Optional[str]] = {}
+
+
+def _probed(api: str, construction: _patch.Construction) -> Optional[str]:
+    if api not in _answers:
+        _answers[api] = _patch.probe(construction)
+    return _answers[api]
 
 
 def _site_failed(api: str, problem: str, remedy: str) -> None:

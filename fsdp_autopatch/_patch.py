@@ -12,8 +12,8 @@ every other call is the builtin's (or whatever the module's ``type`` is now, if 
 
 After installing, ``check`` sends a throwaway ``class (ABC)`` instance through torch's
 construction at the site; only a site that passes counts as patched, and ``undone`` tells, when
-the status is asked, whether that is still so. ``probe_layout_bug`` does the same unpatched, to
-ask torch and CPython whether the bug is here at all.
+the status is asked, whether that is still so. ``probe`` does the same unpatched, to ask torch
+and CPython, site by site, whether the bug is there at all.
 """
 
 from __future__ import annotations
@@ -385,8 +385,9 @@ def user_binding(site: Site) -> Optional[str]:
     if own is not builtins.type:
         return f"{site.builder_module}.type is {own!r}, not the builtin: {before}"
     function = bound_function(site.builder_module, site.builder)
-    origin = getattr(function, "__module__", site.builder_module)
-    if function is not None and origin != site.builder_module:
+    origin = str(getattr(function, "__module__", site.builder_module))
+    # torch's own functions may be bound in another of its modules (a helper imported by name).
+    if function is not None and origin.split(".")[0] != site.builder_module.split(".")[0]:
         return (f"{site.builder_module}.{site.builder} is {origin}.{getattr(function, '__qualname__', '?')}, "
                 f"not torch's: {before}")
     return None
@@ -527,32 +528,43 @@ def check(construction: Construction) -> Optional[str]:
     return None
 
 
-def probe_layout_bug(construction: Optional[Construction] = None) -> Optional[bool]:
-    """Does CPython refuse the class this torch builds for an ABC module at a site (the first
-    loaded one by default)?
+# What torch's own construction at a site does with an ABC module (``probe``).
+REFUSED, ACCEPTED, TORCH_COMPATIBLE = "refused", "accepted", "torch builds a compatible class"
 
-    torch's own construction, unpatched, is applied to an uninitialised instance of a throwaway
-    ``class (ABC)``. True: refused (the bug); False: accepted; None: cannot tell (no
-    known site, a helper of unknown signature, or another error). Never raises.
-    """
+
+def probe(construction: Construction) -> Optional[str]:
+    """What torch's own construction at ``construction``'s site, unpatched, does with an ABC
+    module: REFUSED (CPython refuses the class it builds: the bug), ACCEPTED (CPython accepts
+    torch's ``(Wrapper, cls)``), TORCH_COMPATIBLE (torch built another class, which CPython
+    accepts: torch fixed it), or None (it cannot tell). Never raises.
+
+    An uninitialised instance of a throwaway ``class (ABC)`` goes through torch's helper where
+    the site has one, else through the construction its bytecode shows inline."""
     try:
-        if construction is None:
-            construction = next(filter(None, map(resolve_api, _sites.APIS)), None)
-            if construction is None:
-                return None
-        instance = object.__new__(_throwaway_abc_module("LayoutProbe"))
+        cls = _throwaway_abc_module("LayoutProbe")
+        instance = object.__new__(cls)
         try:
             _apply_construction(construction, instance, patched=False)
         except TypeError as error:
             if "__class__" in str(error) and not isinstance(instance, construction.wrapper):
-                return True
+                return REFUSED
             logger.debug("the layout probe failed otherwise (%s)", error)
             return None
-        # Accepted: the instance now is of a subclass of the wrapper, as torch's modules become.
-        return False if isinstance(instance, construction.wrapper) else None
+        if not isinstance(instance, construction.wrapper):  # what torch's modules become
+            return None
+        return ACCEPTED if type(instance).__bases__ == (construction.wrapper, cls) else TORCH_COMPATIBLE
     except Exception as error:
         logger.debug("the layout probe could not run (%s: %s)", type(error).__name__, error)
         return None
+
+
+def probe_layout_bug(construction: Optional[Construction] = None) -> Optional[bool]:
+    """Does CPython refuse the class torch's own construction builds for an ABC module at a site
+    (the first loaded one by default)? None: cannot tell (``probe``)."""
+    if construction is None:
+        construction = next(filter(None, map(resolve_api, _sites.APIS)), None)
+    answer = probe(construction) if construction is not None else None
+    return None if answer is None else answer == REFUSED
 
 
 _PACKAGE_DIRECTORY = os.path.dirname(__file__)

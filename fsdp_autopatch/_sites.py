@@ -34,13 +34,13 @@ __all__ = ["APIS", "DDP_MODULE", "FSDP2_PACKAGES", "SITES", "TORCH_MODULES", "TR
 class Site:
     """One way a torch release builds wrapper classes for one public function."""
 
-    __slots__ = ("api", "builder", "builder_module", "cache", "deepcopy", "entry", "module", "package",
-                 "parameters", "prefix", "since", "wrappers")
+    __slots__ = ("api", "builder", "builder_module", "cache", "deepcopy", "entry", "fixed", "module",
+                 "package", "parameters", "prefix", "since", "wrappers")
 
     def __init__(self, api: str, since: "tuple[int, ...]", module: str, entry: str,
                  wrappers: "tuple[str, ...]", prefix: str, deepcopy: "str | None", cache: "str | None" = None,
                  builder: "tuple[str, str, tuple[str, ...]] | None" = None, package: "str | None" = None,
-                 ) -> None:
+                 fixed: bool = False) -> None:
         self.api = api  # what users call it: one of APIS
         # The first release of its distribution (torch, for most) that builds classes this way:
         # a torch from then on has imported the API once ``package`` is imported.
@@ -61,6 +61,9 @@ class Site:
         self.builder_module, self.builder, self.parameters = builder or (module, entry, ())
         # Where users import ``entry`` from (``module`` itself unless another package exports it).
         self.package = package or module
+        # torch builds a class CPython accepts there itself (the probe asks it at run time;
+        # doctor, which reads files, goes by this).
+        self.fixed = fixed
 
     @property
     def name(self) -> str:
@@ -96,13 +99,19 @@ _FSDP_2_6, _FSDP_2_4 = FSDP2_PACKAGES
 # them: the modules to wrap, the class cache, the wrapper class, the prefix, the deep-copy stub.
 HELPER_ROLES = ("modules", "cache", "wrapper", "prefix", "deepcopy")
 # torch 2.11+ build both FSDP2 wrappers in one shared helper.
-_APPLY_TO_MODULE = ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module",
-                    ("modules", "cls_to_wrapper_cls", "wrapper_module_cls", "wrapper_cls_prefix",
-                     "unimplemented_deepcopy"))
+_HELPER_PARAMETERS = ("modules", "cls_to_wrapper_cls", "wrapper_module_cls", "wrapper_cls_prefix",
+                      "unimplemented_deepcopy")
+_APPLY_TO_MODULE = ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module", _HELPER_PARAMETERS)
+# The fix torch needs (upstream/torch.patch, against torch 2.13 - 2.15) moves that helper where
+# composable DDP can call it too, and makes it build a class CPython accepts: the probe, asking
+# it, then finds no bug at any site, and the package stands aside.
+_FIXED_HELPER = ("torch.distributed._composable_state", "_apply_to_module", _HELPER_PARAMETERS)
 
 # Per API, newest first; the first one whose names and bytecode the loaded torch has is used
 # (later releases keep re-exporting shims at the older paths).
 SITES = (
+    Site(FULLY_SHARD, (2, 13), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
+         "_unimplemented_deepcopy", "cls_to_fsdp_cls", _FIXED_HELPER, _FSDP_2_6, fixed=True),
     Site(FULLY_SHARD, (2, 11), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
          "_unimplemented_deepcopy", "cls_to_fsdp_cls", _APPLY_TO_MODULE, _FSDP_2_6),
     Site(FULLY_SHARD, (2, 6), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
@@ -113,12 +122,17 @@ SITES = (
          "unimplemented_deepcopy", "cls_to_fsdp_cls", package=_FSDP_2_4),
     # FSDP2's replicate() wraps modules in ReplicateModule(FSDPModule) (2.10+) or in FSDPModule
     # itself (2.9), built in the shared helper (2.11+) or inline in replicate_impl.
+    Site(FSDP2_REPLICATE, (2, 13), REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
+         "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls", _FIXED_HELPER, fixed=True),
     Site(FSDP2_REPLICATE, (2, 11), REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
          "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls", _APPLY_TO_MODULE),
     Site(FSDP2_REPLICATE, (2, 9), REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
          "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls",
          (REPLICATE_WITH_FSDP_MODULE, "replicate_impl", ())),
-    # Composable DDP builds a new DDP<Name> on every call: no cache.
+    # Composable DDP builds a new DDP<Name> on every call: no cache (with the fix, by the shared
+    # helper, with a new cache each call).
+    Site(DDP_REPLICATE, (2, 13), DDP_MODULE, "replicate", ("DDP",), "DDP", "unimplemented_deepcopy",
+         builder=_FIXED_HELPER, fixed=True),
     Site(DDP_REPLICATE, (2, 4), DDP_MODULE, "replicate", ("DDP",), "DDP", "unimplemented_deepcopy"),
     # megatron-fsdp 0.6.0 - 0.6.1: a new ExperimentalFsdp<Name>(FsdpModule, <Name>) per call, with
     # an empty namespace, built in _attach_mixin beside fully_shard (0.5.0 has no such module).
