@@ -233,7 +233,7 @@ def check_layout(api: str, torch_version: Optional[str]) -> dict[str, Any]:
     files: dict[str, Path] = {}
     missing: dict[Path, list[str]] = {}  # per file, what each site found missing there
     for candidate in sites:
-        for name in (candidate.module, candidate.builder_module):
+        for name in candidate.modules:
             path = module_file(name)
             if path is not None and name not in compiled:
                 try:

@@ -588,7 +588,8 @@ def _throwaway_abc_module(name: str) -> type:
 def _apply_construction(construction: Construction, instance: object, patched: bool) -> None:
     """What torch does to a module at a site, with a throwaway class cache, as the patch has it
     or (not ``patched``) as torch wrote it: torch's helper where the site has one (torch 2.11+),
-    else the construction the other sites run inline in their entry function. Raises TypeError
+    else the construction the other sites run inline in their entry function (whose bytecode
+    ``_sites.shape_problem`` checked), with torch's own fix where it has one. Raises TypeError
     where CPython refuses the swap, as torch does."""
     if construction.helper is None:
         module = construction.module
@@ -596,6 +597,8 @@ def _apply_construction(construction: Construction, instance: object, patched: b
             _layout.type_called_from(module.__name__)
         cls = type(instance)
         new_cls = type_(construction.name(cls), (construction.wrapper, cls), construction.namespace())
+        if construction.site.torch_fix is not None:  # torch's own: the class it sets instead
+            new_cls = bound_function(*construction.site.torch_fix)(instance, new_cls, construction.wrapper)
         instance.__class__ = new_cls
         return
     call = _bind_helper(construction, instance, patched)

@@ -34,13 +34,13 @@ __all__ = ["APIS", "DDP_MODULE", "FSDP2_PACKAGES", "SITES", "TORCH_MODULES", "TR
 class Site:
     """One way a torch release builds wrapper classes for one public function."""
 
-    __slots__ = ("api", "builder", "builder_module", "cache", "deepcopy", "entry", "fixed", "module",
-                 "package", "parameters", "prefix", "since", "wrappers")
+    __slots__ = ("api", "builder", "builder_module", "cache", "deepcopy", "entry", "module", "package",
+                 "parameters", "prefix", "since", "torch_fix", "wrappers")
 
     def __init__(self, api: str, since: "tuple[int, ...]", module: str, entry: str,
                  wrappers: "tuple[str, ...]", prefix: str, deepcopy: "str | None", cache: "str | None" = None,
                  builder: "tuple[str, str, tuple[str, ...]] | None" = None, package: "str | None" = None,
-                 fixed: bool = False) -> None:
+                 torch_fix: "tuple[str, str] | None" = None) -> None:
         self.api = api  # what users call it: one of APIS
         # The first release of its distribution (torch, for most) that builds classes this way:
         # a torch from then on has imported the API once ``package`` is imported.
@@ -61,9 +61,19 @@ class Site:
         self.builder_module, self.builder, self.parameters = builder or (module, entry, ())
         # Where users import ``entry`` from (``module`` itself unless another package exports it).
         self.package = package or module
-        # torch builds a class CPython accepts there itself (the probe asks it at run time;
-        # doctor, which reads files, goes by this).
-        self.fixed = fixed
+        # Where torch builds a class CPython accepts itself: the (module, function) the builder
+        # passes the class it built through, which returns the class to set (the probe asks it
+        # at run time; doctor, which reads files, finds the builder calling it).
+        self.torch_fix = torch_fix
+
+    @property
+    def fixed(self) -> bool:
+        return self.torch_fix is not None
+
+    @property
+    def modules(self) -> "tuple[str, ...]":
+        """The modules whose code the site reads."""
+        return (self.module, self.builder_module, *(self.torch_fix or ())[:1])
 
     @property
     def name(self) -> str:
@@ -71,7 +81,8 @@ class Site:
         return f"{self.module}.{self.entry}"
 
     def __repr__(self) -> str:
-        return f"<site {self.name} (type called in {self.builder_module}.{self.builder})>"
+        fix = f", then {'.'.join(self.torch_fix)}" if self.torch_fix else ""
+        return f"<site {self.name} (type called in {self.builder_module}.{self.builder}{fix})>"
 
 
 FULLY_SHARD = "FSDP2 fully_shard"
@@ -102,16 +113,17 @@ HELPER_ROLES = ("modules", "cache", "wrapper", "prefix", "deepcopy")
 _HELPER_PARAMETERS = ("modules", "cls_to_wrapper_cls", "wrapper_module_cls", "wrapper_cls_prefix",
                       "unimplemented_deepcopy")
 _APPLY_TO_MODULE = ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module", _HELPER_PARAMETERS)
-# The fix torch needs (upstream/torch.patch, against torch 2.13 - 2.15) moves that helper where
-# composable DDP can call it too, and makes it build a class CPython accepts: the probe, asking
-# it, then finds no bug at any site, and the package stands aside.
-_FIXED_HELPER = ("torch.distributed._composable_state", "_apply_to_module", _HELPER_PARAMETERS)
+# The fix torch needs (upstream/torch.patch; in no torch release yet): each builder passes the
+# class it built through this function, which returns one CPython accepts. A torch with it is
+# found by its builders' bytecode; the probe, asking its builders, then finds no bug at any
+# site, and the package stands aside.
+_TORCH_FIX = ("torch.distributed._composable_state", "_compatible_wrapper_cls")
 
 # Per API, newest first; the first one whose names and bytecode the loaded torch has is used
 # (later releases keep re-exporting shims at the older paths).
 SITES = (
     Site(FULLY_SHARD, (2, 13), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
-         "_unimplemented_deepcopy", "cls_to_fsdp_cls", _FIXED_HELPER, _FSDP_2_6, fixed=True),
+         "_unimplemented_deepcopy", "cls_to_fsdp_cls", _APPLY_TO_MODULE, _FSDP_2_6, torch_fix=_TORCH_FIX),
     Site(FULLY_SHARD, (2, 11), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
          "_unimplemented_deepcopy", "cls_to_fsdp_cls", _APPLY_TO_MODULE, _FSDP_2_6),
     Site(FULLY_SHARD, (2, 6), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
@@ -123,16 +135,15 @@ SITES = (
     # FSDP2's replicate() wraps modules in ReplicateModule(FSDPModule) (2.10+) or in FSDPModule
     # itself (2.9), built in the shared helper (2.11+) or inline in replicate_impl.
     Site(FSDP2_REPLICATE, (2, 13), REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
-         "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls", _FIXED_HELPER, fixed=True),
+         "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls", _APPLY_TO_MODULE, torch_fix=_TORCH_FIX),
     Site(FSDP2_REPLICATE, (2, 11), REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
          "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls", _APPLY_TO_MODULE),
     Site(FSDP2_REPLICATE, (2, 9), REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
          "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls",
          (REPLICATE_WITH_FSDP_MODULE, "replicate_impl", ())),
-    # Composable DDP builds a new DDP<Name> on every call: no cache (with the fix, by the shared
-    # helper, with a new cache each call).
+    # Composable DDP builds a new DDP<Name> on every call: no cache.
     Site(DDP_REPLICATE, (2, 13), DDP_MODULE, "replicate", ("DDP",), "DDP", "unimplemented_deepcopy",
-         builder=_FIXED_HELPER, fixed=True),
+         torch_fix=_TORCH_FIX),
     Site(DDP_REPLICATE, (2, 4), DDP_MODULE, "replicate", ("DDP",), "DDP", "unimplemented_deepcopy"),
     # megatron-fsdp 0.6.0 - 0.6.1: a new ExperimentalFsdp<Name>(FsdpModule, <Name>) per call, with
     # an empty namespace, built in _attach_mixin beside fully_shard (0.5.0 has no such module).
@@ -176,6 +187,12 @@ def shape_problem(site: Site, has: "object", code_of: "object") -> "str | None":
             return f"{site.entry} does not call {site.builder}"
     if not any(loads_global(code, "type") for code in code_of(site.builder_module, site.builder)):  # type: ignore[operator]
         return f"{site.builder} does not call the global type"
+    if site.torch_fix is not None:
+        fix_module, fix = site.torch_fix
+        if not has(fix_module, fix):  # type: ignore[operator]
+            return f"no {fix}"
+        if not any(loads_global(code, fix) for code in code_of(site.builder_module, site.builder)):  # type: ignore[operator]
+            return f"{site.builder} does not call {fix}"
     return None
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "REPOSITORY_ONLY",
     "ROOT",
     "SCENARIO",
+    "STAND_IN",
     "Throwaway",
     "alive",
     "assert_trains_like_unsharded",

@@ -3,6 +3,7 @@
     nox -f tests/noxfile.py -s tests      # the default: all but the stress loops, the pinned torch
                                           # and transformers, two pytest workers
     nox -f tests/noxfile.py -s stress     # the stress loops: threads, processes, pip life cycles
+    nox -f tests/noxfile.py -s ci_tier    # CI's tier: the upstream patch on a copy of torch
     nox -f tests/noxfile.py -s fast       # the tests that need no torch, on Python 3.9 - 3.13
     nox -f tests/noxfile.py -s wrapt_floor  # the hooks on the oldest wrapt pyproject.toml allows
     nox -f tests/noxfile.py -s stacks     # accelerate, TRL, PEFT, verl, DCP, compile (tests/stacks/)
@@ -75,12 +76,14 @@ def tests(session: nox.Session) -> None:
     install_wheel(session, *TESTS_REQUIREMENTS)
     # Two workers: the tests are subprocess-bound, and each starts its own interpreters, venvs
     # and gloo groups on free ports, so none waits on another.
-    session.run("pytest", "-n", "2", *REPORTING, "-m", "not stress", *session.posargs, env=REQUIRE)
+    session.run("pytest", "-n", "2", *REPORTING, "-m", TESTS_MARKERS, *session.posargs, env=REQUIRE)
 
 
+# What the tests session runs: all but the stress loops and CI's tier (its own session, below).
+TESTS_MARKERS = "not stress and not ci_tier"
 # What the tests session installs beside the package (build: the packaging tests build the sdist
-# and the wheel as a release would).
-TESTS_REQUIREMENTS = (*TORCH_STACK, *MEGATRON, "pytest", "pytest-xdist", "build")
+# and the wheel as a release would; expecttest: torch's own tests import it).
+TESTS_REQUIREMENTS = (*TORCH_STACK, *MEGATRON, *requirements("expecttest"), "pytest", "pytest-xdist", "build")
 
 
 @nox.session(python="3.11", venv_backend="venv", reuse_venv=True)
@@ -102,6 +105,14 @@ def module(session: nox.Session) -> None:
                 "--force-reinstall", str(wheel))
     session.chdir(ROOT)
     session.run("pytest", "-n", "2", *REPORTING, *session.posargs, env=REQUIRE)
+
+
+@nox.session(python="3.11", venv_backend="venv")
+def ci_tier(session: nox.Session) -> None:
+    """CI's tier (marker ci_tier): what is proven beyond the README's command, such as
+    upstream/torch.patch applied to a copy of torch. .ci/run runs it in the tests session's venv."""
+    install_wheel(session, *TESTS_REQUIREMENTS)
+    session.run("pytest", "-n", "2", *REPORTING, "-m", "ci_tier", *session.posargs, env=REQUIRE)
 
 
 @nox.session(python="3.11", venv_backend="venv")

@@ -17,9 +17,11 @@ from typing import Any, Callable
 
 import pytest
 import version_table
-from conftest import site_packages
+from conftest import fake_torch, fake_transformers, json_lines, make_throwaway, site_packages
 
-from fsdp_autopatch import _sites
+from fsdp_autopatch import _patch, _sites
+
+HERE = Path(__file__).parent
 
 TYPE_GLOBAL = """
 def builder(modules, cache, wrapper, prefix, deepcopy):
@@ -193,3 +195,70 @@ def test_a_new_class_swap_in_torch_fails_the_sweep(tmp_path: Path) -> None:
     (torch_dir / "distributed" / "new_wrapper.py").write_text(
         "def wrap(module):\n    setattr(module, '__class__', type('NewX', (New, type(module)), {}))\n")
     assert unaccounted(class_swaps(torch_dir)) == [("distributed/new_wrapper.py", "wrap", 2)]
+
+
+# ------------------------------------------------------------------------------- a made-up site
+
+# A torch release that moves composable DDP's construction into a helper of another module, whose
+# parameters have names and an order of their own (tests/made_up_site.py holds its Site row).
+MADE_UP_HELPER = """
+def _wrap_class(wrapper_cls, targets, name_prefix, cache, deepcopy_fn):
+    for target in targets:
+        cls = target.__class__
+        new_cls = cache.get(cls)
+        if new_cls is None:
+            new_cls = type(f"{name_prefix}{cls.__name__}", (wrapper_cls, cls), {"__deepcopy__": deepcopy_fn})
+            cache[cls] = new_cls
+        target.__class__ = new_cls
+"""
+MADE_UP_REPLICATE = """
+from torch.distributed._composable_state import _wrap_class
+
+
+def unimplemented_deepcopy(*args, **kwargs):
+    raise AssertionError("DDP does not support deepcopy")
+
+
+class DDP:
+    pass
+
+
+def replicate(module, **kwargs):
+    _wrap_class(DDP, (module,), "DDP", {}, unimplemented_deepcopy)
+    return module
+"""
+
+
+def test_a_made_up_site_reaches_the_patch_the_probe_doctor_and_the_sweep(
+    tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One Site row is all a torch release that moves a builder needs: the row, added to the
+    table, is what the hooks patch, the probe asks, doctor reads and the sweep accounts for."""
+    env = make_throwaway(tmp_path / "venv", installed)
+    fake_torch(env.site)
+    fake_transformers(env.site)
+    distributed = env.site / "torch" / "distributed"
+    (distributed / "_composable_state.py").write_text(MADE_UP_HELPER)
+    (distributed / "_composable" / "replicate.py").write_text(MADE_UP_REPLICATE)
+    result = env.run_program(HERE / "made_up_site.py")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    (report,) = json_lines(result.stdout)
+    status, classes = report["status"], report["classes"]
+    # The probe ran the made-up helper (its arguments matched by the row's names).
+    assert report["resolved"] and report["probe"] in (_patch.REFUSED, _patch.ACCEPTED)
+    if report["probe"] == _patch.REFUSED:  # CPython 3.9 - 3.14: patched through the new helper
+        assert status["applied"] and status["sites"] == [f"{_sites.DDP_MODULE}.replicate"], status
+        assert classes["Head"] == {"name": "DDPHead", "is_ddp": True, "torch_bases": False}
+    else:  # CPython 3.15+: torch's class, left alone
+        assert not status["applied"] and classes["Head"]["torch_bases"], status
+    assert classes["Plain"] == {"name": "DDPPlain", "is_ddp": True, "torch_bases": True}
+    doctor = report["doctor"]
+    assert doctor["known"] is True and doctor["text"].endswith("_composable_state._wrap_class"), doctor
+    # The sweep: the helper's class swap is unaccounted for without the row, and covered with it.
+    swaps = class_swaps(env.site / "torch")
+    assert ("distributed/_composable_state.py", "_wrap_class") in {swap[:2] for swap in unaccounted(swaps)}
+    made_up = _sites.Site(_sites.DDP_REPLICATE, (2, 13), _sites.DDP_MODULE, "replicate", ("DDP",), "DDP",
+                          "unimplemented_deepcopy", builder=("torch.distributed._composable_state",
+                                                             "_wrap_class", ()))
+    monkeypatch.setattr(_sites, "SITES", (made_up, *_sites.SITES))
+    assert unaccounted(swaps) == []

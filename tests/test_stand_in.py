@@ -1,0 +1,81 @@
+"""tests/stand_in/, the stand-in torch that the tests of the package's own machinery import in
+milliseconds, kept in step with the installed real torch: the package must recognise the same
+site rows in both, and each shared helper must be torch's code, name for name.
+
+Read from source files, compiled and not run (as doctor reads torch), so this costs no import of
+torch. Where the installed torch is not the release the stand-in copies, it is skipped.
+"""
+
+from __future__ import annotations
+
+import dis
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+from conftest import STAND_IN, site_packages
+
+from fsdp_autopatch import _console, _doctor, _sites
+
+# The release whose modules the stand-in copies (tests/stand_in/README.md).
+STAND_IN_RELEASE = "2.13"
+
+
+def module_path(root: Path, module: str) -> Optional[Path]:
+    base = root.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def read_sites(root: Path) -> dict[str, Any]:
+    """Per torch site row: the compiled builder code where the tree under ``root`` (holding
+    ``torch/``) has the row's shape, else what it lacks."""
+    compiled: dict[str, _doctor.Compiled] = {}
+    for site in _sites.SITES:
+        for module in site.modules:
+            path = module_path(root, module)
+            if path is not None and module not in compiled:
+                compiled[module] = _doctor.compile_module(path)
+    empty: _doctor.Compiled = (frozenset(), {})
+
+    def has(module: str, name: str) -> bool:
+        return name in compiled.get(module, empty)[0]
+
+    def code_of(module: str, name: str) -> list[Any]:
+        return compiled.get(module, empty)[1].get(name, [])
+
+    found = {}
+    for site in _sites.SITES:
+        if _sites.distribution_of(site.api) != "torch":
+            continue
+        problem = _sites.shape_problem(site, has, code_of)
+        found[repr(site)] = problem or code_of(site.builder_module, site.builder)[0]
+    return found
+
+
+def signature(code: Any) -> tuple[Any, ...]:
+    """What the patch reads of a builder: its parameters, the names it uses, the globals it loads."""
+    globals_loaded = [op.argval for op in dis.get_instructions(code) if op.opname == "LOAD_GLOBAL"]
+    return code.co_varnames[: code.co_argcount], code.co_names, globals_loaded
+
+
+def test_the_stand_in_has_the_sites_of_the_installed_torch() -> None:
+    torch_dir = site_packages() / "torch"
+    version = _console.installed_version("torch")
+    if version is None or not (torch_dir / "__init__.py").is_file():
+        pytest.skip("torch is not installed here; run the tests with: nox -f tests/noxfile.py -s tests")
+    if not version.startswith(STAND_IN_RELEASE + "."):
+        pytest.skip(f"the stand-in copies torch {STAND_IN_RELEASE}; torch {version} is installed")
+    real, stand_in = read_sites(torch_dir.parent), read_sites(STAND_IN)
+    recognised = sorted(name for name, found in real.items() if not isinstance(found, str))
+    assert recognised, "the installed torch has none of the site rows"
+    assert sorted(name for name, found in stand_in.items() if not isinstance(found, str)) == recognised
+    # Rows that do not match say why, in the same words.
+    assert {name: found for name, found in stand_in.items() if isinstance(found, str)} == {
+        name: found for name, found in real.items() if isinstance(found, str)}
+    # A helper in a module of its own is torch's code: the same parameters, names and globals.
+    for site in _sites.SITES:
+        if repr(site) in recognised and site.builder_module != site.module:
+            assert signature(stand_in[repr(site)]) == signature(real[repr(site)]), site

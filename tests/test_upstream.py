@@ -1,0 +1,160 @@
+"""upstream/torch.patch, the fix torch needs, applied to a copy of the installed torch: proven on
+real torch and transformers, beside the same runs on the unpatched torch (CI's tier).
+
+The copy lives in a throwaway directory put ahead of site-packages on ``PYTHONPATH``: every file
+is a hard link to the installed torch's but the three the patch changes, which are copied first,
+so the installed torch is never touched. With ``FSDP_AUTOPATCH=0``, the affected heads and a
+user's ``Generic[T]``-first module wrap and train through fully_shard, FSDP2's replicate and
+composable DDP, and every other module gets exactly the class unpatched torch builds. With the
+package on, it finds nothing to fix: it rewrites nothing, prints nothing, and doctor and verify
+say so. upstream/test_wrapper_class_layout.py, written as one of torch's own distributed tests,
+passes on the copy and fails on the installed torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from importlib import util
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import LAYOUT_ERROR, ROOT, environment, json_lines, layout_bug_here, own_lines
+from harness import torchrun
+
+from fsdp_autopatch import _sites, _verify
+
+pytestmark = [pytest.mark.slow, pytest.mark.ci_tier]
+
+UPSTREAM = ROOT / "upstream"
+PATCH = UPSTREAM / "torch.patch"
+TORCH_STYLE_TEST = UPSTREAM / "test_wrapper_class_layout.py"
+RUN = ROOT / "tests" / "upstream_run.py"
+# The models whose class needs the fix; every other one must get torch's own class.
+NEEDS_THE_FIX = ("token-classification", "sequence-classification", "question-answering", "generic-first")
+APIS = (_sites.FULLY_SHARD, _sites.FSDP2_REPLICATE, _sites.DDP_REPLICATE)
+
+
+def patched_files() -> list[str]:
+    """The files the patch changes, relative to the directory that holds ``torch/``."""
+    return re.findall(r"^\+\+\+ b/(\S+)", PATCH.read_text(encoding="utf-8"), re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def patched_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding a copy of the installed torch with the patch applied."""
+    spec = util.find_spec("torch")
+    assert spec is not None and spec.submodule_search_locations, "torch is not installed"
+    installed = Path(next(iter(spec.submodule_search_locations)))
+    root = tmp_path_factory.mktemp("patched torch")
+    shutil.copytree(installed, root / "torch", copy_function=os.link)
+    for relative in patched_files():
+        (root / relative).unlink()
+        shutil.copy2(installed.parent / relative, root / relative)
+    if shutil.which("patch"):
+        command = ["patch", "-p1", "--forward", "--input", str(PATCH)]
+    else:  # the same unified diff, where GNU patch is not installed
+        command = ["git", "apply", "-p1", str(PATCH)]
+    result = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}{result.stderr}"
+    return root
+
+
+def with_torch(root: Path | None, **env: str) -> dict[str, str]:
+    """The tests' environment, with the torch under ``root`` ahead of the installed one."""
+    variables = environment(**env)
+    if root is not None:
+        variables["PYTHONPATH"] = os.pathsep.join(filter(None, (str(root), variables.get("PYTHONPATH"))))
+    return variables
+
+
+def run(arguments: list[str], root: Path | None, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python *arguments`` with the torch under ``root`` (None: the installed one)."""
+    return subprocess.run([sys.executable, *arguments], capture_output=True, text=True,
+                          env=with_torch(root, **env), cwd=ROOT, timeout=600, check=False)
+
+
+Results = dict[tuple[str, str], Any]  # by (API, model)
+
+
+def wrap_everything(root: Path | None, **env: str) -> tuple[list[dict[str, Any]], Results, str]:
+    """Rank 0's status lines, its results by (API, model), and both ranks' stderr."""
+    result = torchrun(RUN, env=with_torch(root, **env), cwd=ROOT, timeout=900)
+    lines = json_lines(result.stdout)
+    results = {(line["api"], line["model"]): line for line in lines if "api" in line}
+    return [line for line in lines if "status" in line], results, result.stderr
+
+
+@pytest.fixture(scope="module")
+def patched_off(patched_torch: Path) -> Results:
+    statuses, results, _ = wrap_everything(patched_torch, FSDP_AUTOPATCH="0")
+    assert all(not status["status"]["applied"] for status in statuses)
+    return results
+
+
+def test_the_patch_changes_only_torch_files() -> None:
+    files = patched_files()
+    assert files and all(path.startswith("torch/") for path in files)
+    assert all(line.startswith("--- a/torch/") for line in PATCH.read_text(encoding="utf-8").splitlines()
+               if line.startswith("--- "))
+
+
+def test_torch_style_test_passes_on_the_patched_torch_and_fails_without(patched_torch: Path) -> None:
+    patched = run([str(TORCH_STYLE_TEST)], patched_torch, FSDP_AUTOPATCH="0")
+    assert patched.returncode == 0, patched.stderr[-4000:]
+    assert re.search(r"^Ran 3 tests", patched.stderr, re.MULTILINE)
+    unpatched = run([str(TORCH_STYLE_TEST)], None, FSDP_AUTOPATCH="0")
+    if layout_bug_here():
+        assert unpatched.returncode != 0 and LAYOUT_ERROR in unpatched.stderr
+    else:  # CPython 3.15+: ABC-first passes without the fix; Generic-first is refused everywhere
+        assert LAYOUT_ERROR in unpatched.stderr
+
+
+def test_the_patched_torch_wraps_and_trains_every_module(patched_off: Results) -> None:
+    for api in APIS:
+        for model in (*_verify.MODELS, "generic-first", "abc-last", "plain"):
+            result = patched_off[api, model]
+            assert result["wrapped"], (api, model, result.get("error"))
+            assert result["original_at_its_index"], (api, model)
+            assert result["max_loss_difference"] < _verify.LOSS_TOLERANCE, (api, model)
+
+
+def test_other_modules_get_the_classes_unpatched_torch_builds(patched_off: Results) -> None:
+    _, unpatched, _ = wrap_everything(None, FSDP_AUTOPATCH="0")
+    for (api, model), result in unpatched.items():
+        if model in NEEDS_THE_FIX:
+            # The control: without the patch, torch refuses them (Generic-first on every CPython).
+            if layout_bug_here() or model == "generic-first":
+                assert not result["wrapped"] and LAYOUT_ERROR in result["error"], (api, model)
+        else:
+            assert result["wrapped"], (api, model, result.get("error"))
+            assert patched_off[api, model]["class"] == result["class"], (api, model)
+
+
+def test_the_package_stands_aside_for_the_patched_torch(
+    patched_torch: Path, patched_off: Results
+) -> None:
+    statuses, results, stderr = wrap_everything(patched_torch)
+    for line in statuses:
+        status = line["status"]
+        assert status["applied"] is False and status["armed_by"], status
+        assert "builds wrapper classes" in status["reason"] and "itself" in status["reason"], status["reason"]
+        assert status["classes"] == []
+        assert line["builders_untouched"]
+    assert own_lines(stderr) == []
+    # Exactly what torch does with the package off.
+    assert {key: (result["wrapped"], result.get("class")) for key, result in results.items()} == {
+        key: (result["wrapped"], result.get("class")) for key, result in patched_off.items()}
+
+
+def test_doctor_and_verify_say_nothing_needs_fixing(patched_torch: Path) -> None:
+    doctor = run(["-m", "fsdp_autopatch", "doctor"], patched_torch)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "torch's files have the fix" in doctor.stdout
+    verify = run(["-m", "fsdp_autopatch", "verify"], patched_torch)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "no patch was needed" in verify.stdout and "builds wrapper classes" in verify.stdout
