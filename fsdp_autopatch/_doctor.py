@@ -207,6 +207,14 @@ def torch_row(version: Optional[str]) -> Optional[_matrix.Row]:
         return None
 
 
+def predates(version: str, sites: list[_sites.Site]) -> bool:
+    """Is ``version`` older than the first release of every one of ``sites``?"""
+    try:
+        return _matrix.release(version) < min(site.since for site in sites)
+    except ValueError:
+        return False
+
+
 def check_layout(api: str, torch_version: Optional[str]) -> dict[str, Any]:
     """Whether the installed torch (or the API's distribution) has one of the API's sites, read
     from its source files by the bytecode check the patch makes at run time
@@ -252,7 +260,7 @@ def check_layout(api: str, torch_version: Optional[str]) -> dict[str, Any]:
             return answer(True, f"{api} site known: {where}{fixed}", candidate, files[candidate.module])
         details = missing.setdefault(files[candidate.module], [])
         details += [problem] if problem not in details else []
-    if not missing and api != _sites.FULLY_SHARD:  # FSDP2's replicate came in 2.9, megatron's in 0.6
+    if not missing and predates(version, sites):  # FSDP2's replicate came in torch 2.9, for one
         return answer(None, f"{distribution} {version} has no {api}")
     found = "; ".join(f"{path}: {', and '.join(details)}" for path, details in missing.items())
     return answer(False, f"{_sites.unknown_layout(api, version)}: "

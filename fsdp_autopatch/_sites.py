@@ -115,8 +115,8 @@ _HELPER_PARAMETERS = ("modules", "cls_to_wrapper_cls", "wrapper_module_cls", "wr
 _APPLY_TO_MODULE = ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module", _HELPER_PARAMETERS)
 # The fix torch needs (upstream/torch.patch; in no torch release yet): each builder passes the
 # class it built through this function, which returns one CPython accepts. A torch with it is
-# found by its builders' bytecode; the probe, asking its builders, then finds no bug at any
-# site, and the package stands aside.
+# found by its builders' bytecode (its rows' "since" is the oldest release the patch applies to);
+# the probe, asking its builders, then finds no bug at any site, and the package stands aside.
 _TORCH_FIX = ("torch.distributed._composable_state", "_compatible_wrapper_cls")
 
 # Per API, newest first; the first one whose names and bytecode the loaded torch has is used
@@ -135,7 +135,8 @@ SITES = (
     # FSDP2's replicate() wraps modules in ReplicateModule(FSDPModule) (2.10+) or in FSDPModule
     # itself (2.9), built in the shared helper (2.11+) or inline in replicate_impl.
     Site(FSDP2_REPLICATE, (2, 13), REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
-         "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls", _APPLY_TO_MODULE, torch_fix=_TORCH_FIX),
+         "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls", _APPLY_TO_MODULE,
+         torch_fix=_TORCH_FIX),
     Site(FSDP2_REPLICATE, (2, 11), REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),
          "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls", _APPLY_TO_MODULE),
     Site(FSDP2_REPLICATE, (2, 9), REPLICATE_WITH_FSDP_MODULE, "replicate", ("ReplicateModule", "FSDPModule"),

@@ -102,7 +102,7 @@ def test_a_section_is_replaced_between_its_markers(
 
 # Each generated section, the page it is in, and the generator that writes it there.
 GENERATED = {
-    "versions": "docs/versions.md",  # fsdp_autopatch._matrix.render_version_table (tests/test_matrix.py)
+    "versions": "docs/versions.md",  # tests/version_table.py (tests/test_matrix.py)
     "matrix": "docs/versions.md",  # python tests/matrix.py --full --update-docs
     "cli": "docs/cli.md",  # python tests/matrix.py --capture-cli PYTHON --update-docs
     "api": "README.md",  # the same command
