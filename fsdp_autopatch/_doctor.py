@@ -177,7 +177,7 @@ def module_file(name: str) -> Optional[Path]:
             if locations is None:
                 return None
             spec = machinery.PathFinder.find_spec(".".join(parts[:end]), list(locations))
-    except (ImportError, ValueError):
+    except Exception:  # ImportError, ValueError; KeyError from a namespace package's unimported parent
         return None
     origin = getattr(spec, "origin", None)
     path = Path(origin) if origin and spec.has_location else None  # type: ignore[union-attr]

@@ -24,6 +24,7 @@ SITE_2_6 = "torch/distributed/fsdp/_fully_shard/_fully_shard.py"
 HELPER = "torch/distributed/fsdp/_fully_shard/_fsdp_init.py"
 SITE_2_4 = "torch/distributed/_composable/fsdp/fully_shard.py"
 DDP = "torch/distributed/_composable/replicate.py"
+REPLICATE = "torch/distributed/_composable/replicate_with_fsdp.py"
 FULLY_SHARD_2_6 = "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard"
 
 # The shape of torch 2.11 - 2.15's torch/distributed/fsdp/_fully_shard/_fully_shard.py, cut down.
@@ -116,6 +117,32 @@ def replicate(module, **kwargs):
     return module
 '''
 
+# FSDP2's torch/distributed/_composable/replicate_with_fsdp.py (2.11 - 2.15), cut down.
+TORCH_REPLICATE = '''
+from torch.distributed.fsdp._fully_shard._fsdp_init import _apply_to_module
+
+cls_to_replicate_cls = {}
+
+
+def _unimplemented_deepcopy(*args, **kwargs):
+    raise AssertionError("FSDP does not support deepcopy")
+
+
+class FSDPModule:
+    pass
+
+
+class ReplicateModule(FSDPModule):
+    pass
+
+
+def replicate(module, mesh=None):
+    _apply_to_module((module,), cls_to_replicate_cls, ReplicateModule, "Replicate", _unimplemented_deepcopy)
+    return module
+'''
+# Every site of torch 2.13, cut down.
+TORCH_2_13_EVERY_SITE = {**TORCH_2_13_FILES, DDP: TORCH_DDP, REPLICATE: TORCH_REPLICATE}
+
 
 def edited(source: str, old: str, new: str, count: int = -1) -> str:
     """``source`` with ``old`` replaced; fails when ``old`` is not there (an edit that changes
@@ -188,8 +215,13 @@ def test_composable_ddp_is_known_and_fsdp2_replicate_absent_before_2_9(tmp_path:
     ddp = layout(tmp_path, files, api=_sites.DDP_REPLICATE)
     assert (ddp.known, ddp.text) == (True, "composable DDP replicate site known: replicate.replicate")
     assert ddp.site == "torch.distributed._composable.replicate.replicate"
-    replicate = layout(tmp_path, files, api=_sites.FSDP2_REPLICATE)
-    assert replicate.known is None and replicate.text == "torch 2.13.0 has no FSDP2 replicate"
+    replicate = layout(tmp_path, files, version="2.8.0", api=_sites.FSDP2_REPLICATE)
+    assert replicate.known is None and replicate.text == "torch 2.8.0 has no FSDP2 replicate"
+    # From 2.9 on, a torch without it has moved it: a layout doctor does not know.
+    moved = layout(tmp_path, files, api=_sites.FSDP2_REPLICATE)
+    assert moved.known is False and moved.text.startswith("torch 2.13.0's FSDP2 replicate layout is unknown")
+    known = layout(tmp_path, {**files, REPLICATE: TORCH_REPLICATE}, api=_sites.FSDP2_REPLICATE)
+    assert (known.known, known.text) == (True, "FSDP2 replicate site known: _fsdp_init._apply_to_module")
 
 
 # ------------------------------------------------------------------------------------------- unknown layouts
@@ -266,8 +298,9 @@ def environment_with_torch(root: Path, installed: Path, torch_version: str, site
     """The python of a venv with the package, wrapt, transformers 4.55.2 and a torch whose FSDP2
     module holds ``site_source`` (all fakes but the package and wrapt)."""
     throwaway = make_throwaway(root, installed)
-    files = {SITE_2_6: site_source, HELPER: TORCH_2_13_HELPER}
+    files = {**TORCH_2_13_EVERY_SITE, SITE_2_6: site_source}
     for relative in ("torch/distributed/__init__.py", "torch/distributed/fsdp/__init__.py",
+                     "torch/distributed/_composable/__init__.py",
                      "torch/distributed/fsdp/_fully_shard/__init__.py"):
         files[relative] = ""
     files["torch/__init__.py"] = f'__version__ = "{torch_version}"\n'
@@ -366,3 +399,10 @@ def test_the_installed_torchs_own_files_are_known_and_their_edits_are_not(
     moved = layout(tmp_path / "attribute", {**sources, builder_file: calls_type}, version=version)
     assert moved.known is False and f"{site.builder} does not call the global type" in moved.text, moved.text
     assert moved.text.startswith(f"torch {version}'s FSDP2 layout is unknown")
+
+
+def test_a_namespace_package_on_the_way_is_read_as_missing_not_a_crash(tmp_path: Path) -> None:
+    root = torch_tree(tmp_path, {**TORCH_2_13_FILES, DDP: TORCH_DDP})
+    (root / "torch" / "distributed" / "_composable" / "__init__.py").unlink()
+    ddp = next(answer for answer in read_from(root, "2.13.0") if answer.api == _sites.DDP_REPLICATE)
+    assert ddp.known is False and "none of the modules where it looks is there" in ddp.text
