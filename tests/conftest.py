@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from harness import AFFECTED, json_lines, make_venv, scrubbed_environment
+from harness import AFFECTED, build_wheel, json_lines, make_venv, scrubbed_environment
 
 from fsdp_autopatch._verify import LAYOUT_ERROR
 
@@ -42,6 +42,7 @@ __all__ = [
     "Throwaway",
     "alive",
     "assert_trains_like_unsharded",
+    "ci_tier",
     "command_line",
     "ctrl_c_as_at_a_terminal",
     "environment",
@@ -89,6 +90,15 @@ OWN_LINE = re.compile(r"fsdp-autopatch(?: [A-Za-z]+)?: ")
 # Every child interpreter starts from this process's environment less anything that changes
 # what it imports; the one scrubber, shared with tests/matrix.py and benchmarks/.
 environment = scrubbed_environment
+# The wheel the nox session built and installed (tests/noxfile.py), for the tests that install
+# the package elsewhere: one wheel per session.
+WHEEL_VARIABLE = "FSDP_AUTOPATCH_TEST_WHEEL"
+
+
+def ci_tier(*values: Any) -> list[Any]:
+    """Parameters whose cases run in CI's tier only (marker ci_tier): the same claim is proven in
+    the README's tests by the parameters left unmarked."""
+    return [pytest.param(value, marks=pytest.mark.ci_tier) for value in values]
 
 
 # The module of torch's plugin entry point, installed at the root of site-packages.
@@ -589,3 +599,12 @@ def layout_bug_here() -> bool:
 def layout_bug(real_torch: dict[str, str]) -> bool:
     """``layout_bug_here()`` as a fixture."""
     return layout_bug_here()
+
+
+@pytest.fixture(scope="session")
+def package_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package's wheel: the one the test session installed, else one built here, once."""
+    given = os.environ.get(WHEEL_VARIABLE)
+    if given and Path(given).is_file():
+        return Path(given)
+    return build_wheel(tmp_path_factory.mktemp("wheel"))

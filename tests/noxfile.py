@@ -62,6 +62,21 @@ def package_wheel(session: nox.Session) -> Path:
     return _wheels[0]
 
 
+def test_environment(session: nox.Session) -> dict[str, str]:
+    """What pytest runs with: a missing requirement fails the run, and the tests that install the
+    package somewhere else take the wheel this session installed instead of building another."""
+    return {**REQUIRE, "FSDP_AUTOPATCH_TEST_WHEEL": str(package_wheel(session))}
+
+
+def install_torch_stack(session: nox.Session) -> None:
+    """torch, transformers and Megatron-FSDP without compiling their bytecode at install: pip
+    would compile every one of their 8,000 modules (20 CPU-seconds of torch's and transformers'
+    30 to install, measured 2026-12-03), where the tests' first interpreter compiles the ones
+    they import, once (about 7: the tests' interpreters write bytecode, their environment drops
+    PYTHONDONTWRITEBYTECODE)."""
+    session.install("--no-compile", *TORCH_STACK, *MEGATRON)
+
+
 def install_wheel(session: nox.Session, *packages: str) -> None:
     """Install the package's wheel with ``packages``."""
     session.install(str(package_wheel(session)), *packages)
@@ -72,11 +87,14 @@ def install_wheel(session: nox.Session, *packages: str) -> None:
 
 @nox.session(python="3.11", venv_backend="venv")
 def tests(session: nox.Session) -> None:
-    """All tests but the stress loops: real torch, transformers and gloo in subprocesses."""
+    """All tests but the stress loops and CI's tier: real torch, transformers and gloo in
+    subprocesses."""
+    install_torch_stack(session)
     install_wheel(session, *TESTS_REQUIREMENTS)
     # Two workers: the tests are subprocess-bound, and each starts its own interpreters, venvs
     # and gloo groups on free ports, so none waits on another.
-    session.run("pytest", "-n", "2", *REPORTING, "-m", TESTS_MARKERS, *session.posargs, env=REQUIRE)
+    session.run("pytest", "-n", "2", *REPORTING, "-m", TESTS_MARKERS, *session.posargs,
+                env=test_environment(session))
 
 
 # What the tests session runs: all but the stress loops and CI's tier (its own session, below).
@@ -89,7 +107,8 @@ TESTS_REQUIREMENTS = (*TORCH_STACK, *MEGATRON, *requirements("expecttest"), "pyt
 @nox.session(python="3.11", venv_backend="venv", reuse_venv=True)
 def module(session: nox.Session) -> None:
     """A contributor's loop: the tests named after ``--`` (``-- tests/test_hooks.py``), in the
-    tests session's environment, made on the first run and kept (``tests/.nox/module``). Each
+    tests session's environment, made on the first run and kept (``tests/.nox/module``), with
+    the tests session's markers unless ``-m`` is given (``-- tests/test_ddp.py -m ci_tier``). Each
     run rebuilds and reinstalls only the package's wheel; the pinned requirements are installed
     again only when they change."""
     if not session.posargs:
@@ -104,7 +123,9 @@ def module(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
                 "--force-reinstall", str(wheel))
     session.chdir(ROOT)
-    session.run("pytest", "-n", "2", *REPORTING, *session.posargs, env=REQUIRE)
+    # The tests session's selection, unless the arguments choose markers themselves.
+    markers = () if "-m" in session.posargs else ("-m", TESTS_MARKERS)
+    session.run("pytest", "-n", "2", *REPORTING, *markers, *session.posargs, env=test_environment(session))
 
 
 @nox.session(python="3.11", venv_backend="venv")
@@ -112,7 +133,8 @@ def ci_tier(session: nox.Session) -> None:
     """CI's tier (marker ci_tier): what is proven beyond the README's command, such as
     upstream/torch.patch applied to a copy of torch. .ci/run runs it in the tests session's venv."""
     install_wheel(session, *TESTS_REQUIREMENTS)
-    session.run("pytest", "-n", "2", *REPORTING, "-m", "ci_tier", *session.posargs, env=REQUIRE)
+    session.run("pytest", "-n", "2", *REPORTING, "-m", "ci_tier", *session.posargs,
+                env=test_environment(session))
 
 
 @nox.session(python="3.11", venv_backend="venv")

@@ -373,6 +373,7 @@ def test_verify_exits_2_when_torch_has_no_distributed(without_distributed: str) 
 
 
 @pytest.mark.slow
+@pytest.mark.ci_tier
 def test_verify_json_on_two_ranks_without_torch_in_the_parent(real_torch: dict[str, str]) -> None:
     def verify(**env: Optional[str]) -> dict[str, object]:
         # Only the token classifier is asked for: verify adds the causal LM, its control.
@@ -434,6 +435,7 @@ def test_verify_timeout_exits_2_and_stops_every_rank(real_torch: dict[str, str])
 
 
 @pytest.mark.slow
+@pytest.mark.ci_tier
 @pytest.mark.skipif(not hasattr(signal, "SIGTERM") or not Path("/proc/self/environ").is_file(),
                     reason="sends SIGTERM, finds leftover ranks through /proc")
 def test_verify_stopped_by_sigterm_leaves_no_rank_running(real_torch: dict[str, str]) -> None:

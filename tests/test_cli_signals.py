@@ -262,6 +262,7 @@ def test_verify_stopped_any_way_returns_in_time_and_leaves_no_rank(
 
 @pytest.mark.slow
 @needs_proc
+@pytest.mark.ci_tier  # the README's tests stop verify on the stand-in torch, every way
 @pytest.mark.parametrize("whole_group", [False, True], ids=["to verify", "to its process group"])
 def test_ctrl_c_during_a_real_verify_stops_every_rank(real_torch: dict[str, str], whole_group: bool) -> None:
     marker, env = marked_run()
@@ -273,6 +274,7 @@ def test_ctrl_c_during_a_real_verify_stops_every_rank(real_torch: dict[str, str]
 
 
 @pytest.mark.slow
+@pytest.mark.ci_tier
 @needs_proc
 def test_a_real_verify_whose_reader_left_exits_141_and_stops_every_rank(real_torch: dict[str, str]) -> None:
     marker, env = marked_run()

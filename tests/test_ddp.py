@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LAYOUT_ERROR, environment, json_lines, layout_bug_here, run_program
+from conftest import LAYOUT_ERROR, ci_tier, environment, json_lines, layout_bug_here, run_program
 from harness import AFFECTED, RANKS, torchrun
 from import_order import THREAD, spec
 
@@ -62,7 +62,12 @@ def ddp_in_rows(real_torch: dict[str, str]) -> None:
         pytest.skip(f"torch {real_torch['torch']} has no composable DDP site in fsdp_autopatch/_sites.py")
 
 
-@pytest.mark.parametrize("order", list(IMPORTS))
+# The prepared order in the README's tests; every other in CI's tier.
+PREPARED_ORDER = "after-fsdp2"
+
+
+@pytest.mark.parametrize("order", [*ci_tier(*(order for order in IMPORTS if order != PREPARED_ORDER)),
+                                   PREPARED_ORDER])
 def test_replicate_trains_the_affected_heads_and_a_plain_model(order: str, ddp_in_rows: None) -> None:
     runs = tuple(kind + DDP_SUFFIX for kind in (*AFFECTED, PLAIN))
     head, patched = replicate_and_train(order, runs)
@@ -90,6 +95,7 @@ def test_replicate_trains_the_affected_heads_and_a_plain_model(order: str, ddp_i
         assert patched[run]["upstream_bases"] is False
 
 
+@pytest.mark.ci_tier  # fully_shard's in the README's tests (tests/test_fully_shard.py)
 @pytest.mark.parametrize("order", ["ddp-only", "after-fsdp2"])
 def test_users_own_abc_and_generic_modules_under_force(order: str, ddp_in_rows: None) -> None:
     """``FSDP_AUTOPATCH=force`` for a user's ``class Head(abc.ABC, nn.Module)`` and a
@@ -111,6 +117,7 @@ def test_users_own_abc_and_generic_modules_under_force(order: str, ddp_in_rows: 
         assert first == second == "DDPPlain" and first_id != second_id, "one new class per call"
 
 
+@pytest.mark.ci_tier
 def test_two_ranks_under_torchrun(tmp_path: Path, ddp_in_rows: None) -> None:
     """Two gloo ranks replicate the ABC head and the plain model and train exactly like the
     unreplicated copy; without the patch the head fails on both ranks."""

@@ -22,6 +22,7 @@ import pytest
 from conftest import (
     LAYOUT_ERROR,
     Throwaway,
+    ci_tier,
     environment,
     fake_torch,
     fake_transformers,
@@ -513,7 +514,7 @@ def assert_unpatched_like(report: dict[str, Any], unpatched: dict[str, Any]) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["missing", "raising"])
+@pytest.mark.parametrize("fault", ["missing", *ci_tier("raising")])
 def test_wrapt_unusable_real_imports(
     tmp_path: Path, unpatched: dict[str, Any], patched: dict[str, Any], fault: str
 ) -> None:
@@ -536,6 +537,7 @@ def test_wrapt_unusable_real_imports(
 
 
 @pytest.mark.slow
+@pytest.mark.ci_tier
 def test_bad_mode_value_real_imports(unpatched: dict[str, Any]) -> None:
     value = "héllo; $(rm -rf ~) ✓"
     report, result = shard(FSDP_AUTOPATCH=value)
@@ -556,6 +558,7 @@ UNUSABLE_VERSIONS = {
 
 
 @pytest.mark.slow
+@pytest.mark.ci_tier
 @pytest.mark.parametrize("fake", list(UNUSABLE_VERSIONS.values()), ids=list(UNUSABLE_VERSIONS))
 def test_transformers_without_usable_version(
     tmp_path: Path, real_torch: dict[str, str], fake: tuple[str, Optional[str]]
@@ -603,7 +606,9 @@ WITH_REPLICATE = "torch.distributed.fsdp,transformers,torch.distributed._composa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("injection", list(INJECTIONS))
+# An install that raises in the README's tests; the other injections in CI's tier.
+@pytest.mark.parametrize("injection", ["install", *ci_tier(*(injection for injection in INJECTIONS
+                                                                  if injection != "install"))])
 def test_patch_raising(unpatched: dict[str, Any], injection: str) -> None:
     """An exception inside the patch never reaches the import, and status() tells the truth.
 
@@ -637,6 +642,7 @@ def spoken(stderr: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.ci_tier
 def test_class_building_raising(unpatched: dict[str, Any]) -> None:
     """A failure choosing one class leaves fully_shard to fail exactly as torch would: the
     self-check meets it first, so the status says unpatched, and the log says why."""
@@ -660,6 +666,7 @@ TRANSFORMERS_FIRST = "transformers,torch.distributed.fsdp"
 
 
 @pytest.mark.slow
+@pytest.mark.ci_tier
 def test_unknown_fsdp_layout(unpatched: dict[str, Any], patched: dict[str, Any]) -> None:
     """torch's private module without the names this package knows: fully_shard unpatched, reason
     named (composable DDP, imported with FSDP2 and where it always was, is still patched)."""

@@ -19,6 +19,7 @@ from conftest import (
     AFFECTED,
     LAYOUT_ERROR,
     assert_trains_like_unsharded,
+    ci_tier,
     environment,
     json_lines,
     layout_bug_here,
@@ -74,7 +75,8 @@ def assert_patched_where_needed(status: dict[str, Any]) -> None:
         assert "accepts" in status["reason"] and "nothing to patch" in status["reason"], status
 
 
-@pytest.mark.parametrize("order", ["fsdp-first", "transformers-first", "threads"])
+# The prepared order in the README's tests; the other two in CI's tier.
+@pytest.mark.parametrize("order", ["fsdp-first", *ci_tier("transformers-first", "threads")])
 def test_affected_heads_shard_and_train_like_the_unsharded_model(
     order: str, unpatched: dict[str, dict[str, Any]]
 ) -> None:
@@ -155,6 +157,7 @@ def first_fixed_transformers(request: pytest.FixtureRequest, real_torch: dict[st
     return shadowing_transformers(request, FIRST_FIXED_TRANSFORMERS)
 
 
+@pytest.mark.ci_tier
 @pytest.mark.parametrize(("mode", "applied"), [(None, False), ("force", True)])
 def test_newer_transformers_is_left_alone_unless_forced(
     newer_transformers: Path, mode: str | None, applied: bool
@@ -171,6 +174,7 @@ def test_newer_transformers_is_left_alone_unless_forced(
         assert f"transformers {NEWER_TRANSFORMERS} is not affected" in report["after"]["reason"]
 
 
+@pytest.mark.ci_tier
 @pytest.mark.parametrize("position", ["ahead", "behind"])
 def test_a_finder_that_asks_every_finder_leaves_the_fix_working(position: str) -> None:
     """Real torch and transformers imported through a finder that asks every finder, the start-up
@@ -239,6 +243,7 @@ def test_construction_hooks_run_once_per_class_as_without_the_patch(wrapper: str
     assert {c["name"]: c["outcome"] for c in patched["classes"]}["Block"] == "torch"
 
 
+@pytest.mark.ci_tier
 @pytest.mark.parametrize("order", ["transformers", "force"])
 def test_a_class_that_failed_before_the_patch_shards_after_it(order: str, newer_transformers: Path) -> None:
     """torch stores its refused ``FSDP<Name>`` before the swap fails; installing the patch
@@ -285,6 +290,7 @@ def test_monkeypatches_of_the_wrapper_reach_abc_modules_as_they_reach_others(wra
     assert (alone["replaced"][1:] == ["not sharded"] * 2) is layout_bug_here()
 
 
+@pytest.mark.ci_tier
 def test_status_lists_each_class_that_went_through_the_patched_site() -> None:
     result = run_program(HERE / "classes_of_a_run.py", env=environment(FSDP_AUTOPATCH_LOG="debug"))
     (report,) = json_lines(result.stdout)
@@ -314,6 +320,7 @@ def test_status_lists_each_class_that_went_through_the_patched_site() -> None:
                for line in log) == 1
 
 
+@pytest.mark.ci_tier
 @pytest.mark.parametrize("wrapper", list(WRAPPERS))
 def test_classes_with_creation_side_effects_match_torch_alone(
     first_fixed_transformers: Path, wrapper: str

@@ -67,6 +67,7 @@ def test_patch_is_installed_once(installed: Path) -> None:
     assert_unpatched_torch(shard_abc_head(FSDP_AUTOPATCH="0", prepared=True))
 
 
+@pytest.mark.ci_tier
 def test_force_mode_patches_whatever_the_versions(installed: Path) -> None:
     report = shard_abc_head(FSDP_AUTOPATCH="force")
     assert report["before"]["applied"] is True and report["before"]["mode"] == "force"
@@ -77,11 +78,16 @@ def test_force_mode_patches_whatever_the_versions(installed: Path) -> None:
 IMPORT_BOTH = HERE / "import_both.py"
 
 
-def test_silent_by_default_and_at_info_the_sites_are_debug(real_torch: dict[str, str]) -> None:
-    """Importing FSDP2 and transformers changes nothing in a run: nothing at INFO (a compatible
-    class built is INFO, tests/test_fully_shard.py); the decision and the sites patched at DEBUG."""
+def test_silent_by_default(real_torch: dict[str, str]) -> None:
+    """Importing FSDP2 and transformers, patched where the bug is, prints nothing."""
     quiet = run_program(IMPORT_BOTH)
     assert quiet.stdout == f"{layout_bug_here()}\n" and own_lines(quiet.stderr) == []
+
+
+@pytest.mark.ci_tier
+def test_at_info_nothing_and_the_sites_are_debug(real_torch: dict[str, str]) -> None:
+    """Importing FSDP2 and transformers changes nothing in a run: nothing at INFO (a compatible
+    class built is INFO, tests/test_fully_shard.py); the decision and the sites patched at DEBUG."""
     assert own_lines(run_program(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH_LOG="info")).stderr) == []
     # An application that logs at INFO reads as many lines of the package's as without it: none.
     for mode in ("auto", "0"):
@@ -97,6 +103,8 @@ def test_silent_by_default_and_at_info_the_sites_are_debug(real_torch: dict[str,
                       "fsdp-autopatch DEBUG: patched composable DDP replicate"] if layout_bug_here() else [])
 
 
+# On the stand-in torch in the README's tests (tests/test_faults.py's test_bad_mode_value).
+@pytest.mark.ci_tier
 @pytest.mark.parametrize("value", ["yes please", "ünïcødé", "$(rm -rf ~) ; `id` | &", "x" * 5000])
 def test_bad_switch_value_warns_once_and_runs_in_auto_mode(installed: Path, value: str) -> None:
     result = run_program(IMPORT_BOTH, env=environment(FSDP_AUTOPATCH=value))
@@ -127,6 +135,7 @@ def warnings_of(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("fsdp-autopatch WARNING")]
 
 
+@pytest.mark.ci_tier
 def test_unknown_fsdp2_layout_is_said_within_the_import(real_torch: dict[str, str]) -> None:
     """FSDP2 imported, ``fully_shard`` there, none of the known sites: the status says so within
     that import, with one warning; composable DDP, imported with it, is still patched once
@@ -166,6 +175,7 @@ def test_unknown_fsdp2_layout_is_said_within_the_import(real_torch: dict[str, st
     assert warnings_of(known.stderr) == []
 
 
+@pytest.mark.ci_tier
 def test_replicate_site_that_cannot_be_patched_is_said_once(real_torch: dict[str, str]) -> None:
     result = run_program(HERE / "moved_name.py", "replicate",
                          env=environment(FSDP_AUTOPATCH_LOG="warning", FSDP_AUTOPATCH="force"))
@@ -187,6 +197,7 @@ def test_locks_are_free_in_a_child_forked_while_a_thread_holds_them(installed: P
     assert result.stdout.strip() == "0"
 
 
+@pytest.mark.ci_tier
 def test_hooks_register_when_stderr_is_none(installed: Path) -> None:
     """pythonw and some services run with ``sys.stderr = None``: a bad switch value cannot be
     printed, and the patch is armed all the same."""
@@ -195,6 +206,7 @@ def test_hooks_register_when_stderr_is_none(installed: Path) -> None:
     assert result.stdout == f"{layout_bug_here()}\n"
 
 
+@pytest.mark.ci_tier
 def test_replicate_import_running_when_the_patch_is_armed_is_patched_when_it_ends(
     real_torch: dict[str, str]
 ) -> None:
@@ -239,6 +251,7 @@ def test_status_says_applied_only_after_the_fix_passed_its_self_check(real_torch
     assert report["stand_in"] == ["TypeStandIn", 1]
 
 
+@pytest.mark.ci_tier
 def test_a_decision_that_cannot_tell_is_a_warning(real_torch: dict[str, str]) -> None:
     """A torch newer than the matrix whose construction cannot be probed: not patched, and the
     warning level (not only info) says so, since the heads may fail."""
@@ -253,6 +266,7 @@ def test_a_decision_that_cannot_tell_is_a_warning(real_torch: dict[str, str]) ->
     assert told == [f"fsdp-autopatch: cannot fix the layout bug for ABC modules here: {status['reason']}"]
 
 
+@pytest.mark.ci_tier
 def test_unknown_layout_names_transformers_when_it_is_imported(real_torch: dict[str, str]) -> None:
     moved = run_program(HERE / "moved_name.py", "transformers-then-fsdp2")
     (status,) = json_lines(moved.stdout)
@@ -260,6 +274,7 @@ def test_unknown_layout_names_transformers_when_it_is_imported(real_torch: dict[
     assert status["transformers"] == real_torch["transformers"] and status["torch"] is not None
 
 
+@pytest.mark.ci_tier
 @pytest.mark.parametrize("delay", [0.0, 0.005, 0.01])
 def test_apply_while_another_thread_imports_fsdp2(installed: Path, delay: float) -> None:
     path = [str(installed), str(Path(fsdp_autopatch.__file__).parent.parent)]

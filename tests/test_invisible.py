@@ -94,6 +94,7 @@ def test_torch_compile_treats_a_compatible_class_as_its_abc_last_twin(real_torch
 IDENTITY = Path(__file__).with_name("identity_classes.py")
 
 
+@pytest.mark.ci_tier
 def test_classes_are_told_apart_by_identity_never_by_a_metaclass_eq_or_hash(
     real_torch: dict[str, str]
 ) -> None:
@@ -164,6 +165,7 @@ def test_a_users_class_hook_meets_torchs_frames_and_one_of_the_package(real_torc
         assert patched[wrapper]["warned_in"] == warned
 
 
+@pytest.mark.ci_tier
 def test_cprofile_lists_torchs_builder_as_torch_alone_does(real_torch: dict[str, str]) -> None:
     """torch 2.11+'s shared builder, under cProfile: called by fully_shard twice, as without the
     package; the probe and the self-check run its code under a label of their own."""

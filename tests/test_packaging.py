@@ -195,6 +195,7 @@ def declared_floor() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.ci_tier
 def test_one_commit_builds_byte_identical_distributions_and_the_declared_floor_builds(tmp_path: Path) -> None:
     """Anyone can rebuild a release from its tag and compare: with the release's own build tools
     (.ci/release-tools), two clones of the commit, at paths that differ (one with a space and

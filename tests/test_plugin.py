@@ -31,7 +31,6 @@ from conftest import (
     own_lines,
     run_program,
 )
-from harness import build_wheel
 
 import fsdp_autopatch
 from fsdp_autopatch import _config, _matrix
@@ -43,13 +42,12 @@ WRAPPED = {"fully_shard": None, "replicate": None}
 
 
 @pytest.fixture(scope="module")
-def layouts(tmp_path_factory: pytest.TempPathFactory, installed: Path) -> dict[str, str]:
+def layouts(tmp_path_factory: pytest.TempPathFactory, installed: Path, package_wheel: Path) -> dict[str, str]:
     """PYTHONPATH for each layout that reads no start-up file (run under ``python -S``)."""
     root = tmp_path_factory.mktemp("plugin")
-    wheel = build_wheel(root / "dist")
     target = root / "target"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "--no-deps", "--target", str(target), str(wheel)], check=True, env=environment(),
+                    "--no-deps", "--target", str(target), str(package_wheel)], check=True, env=environment(),
                    capture_output=True, timeout=600)
     lent = lent_site_packages(root / "lent")
     return {
@@ -75,8 +73,11 @@ def assert_unpatched(report: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("layout", "order"), [
-    ("target", ""), ("target", "--package-first"), ("target", "--torch-inside-package-import"),
-    ("no start-up file", ""),
+    ("target", ""),
+    # The same route in other layouts and orders: CI's tier.
+    *(pytest.param(*case, marks=pytest.mark.ci_tier) for case in (
+        ("target", "--package-first"), ("target", "--torch-inside-package-import"),
+        ("no start-up file", ""))),
 ])
 def test_armed_by_torchs_plugin_route_where_no_start_up_file_is_read(
     layouts: dict[str, str], layout: str, order: str
@@ -89,6 +90,7 @@ def test_armed_by_torchs_plugin_route_where_no_start_up_file_is_read(
 
 
 @pytest.mark.slow
+@pytest.mark.ci_tier
 @pytest.mark.parametrize("switch", [{"FSDP_AUTOPATCH": "0"}, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}],
                          ids=["FSDP_AUTOPATCH=0", "TORCH_DEVICE_BACKEND_AUTOLOAD=0"])
 def test_either_switch_keeps_the_plugin_route_from_arming(
@@ -102,6 +104,7 @@ TORCH_ALONE = Path(__file__).with_name("torch_alone_imports.py")
 
 
 @pytest.mark.slow
+@pytest.mark.ci_tier
 def test_both_routes_arm_once_and_torch_alone_loads_nothing_more(
     layouts: dict[str, str], real_torch: dict[str, str]
 ) -> None:

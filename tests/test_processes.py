@@ -19,6 +19,7 @@ from conftest import (
     AFFECTED,
     LAYOUT_ERROR,
     assert_trains_like_unsharded,
+    ci_tier,
     environment,
     json_lines,
     layout_bug_here,
@@ -65,7 +66,10 @@ def launch(where: Path, launcher: str, **variables: Optional[str]) -> dict[int, 
     return ranks
 
 
-@pytest.mark.parametrize("launcher", ["spawn", "fork", "torchrun", "subprocess"])
+LAUNCHERS = ["spawn", "fork", "torchrun", "subprocess"]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_every_rank_is_patched(tmp_path: Path, real_torch: dict[str, str], launcher: str) -> None:
     """Each rank shards and trains the three affected heads like the unsharded model, with
     ours where CPython refuses torch's class and torch's own where it does not."""
@@ -78,7 +82,15 @@ def test_every_rank_is_patched(tmp_path: Path, real_torch: dict[str, str], launc
             assert_trains_like_unsharded(result)
             assert result["max_loss_difference"] < 1e-4, result
             assert result["upstream_bases"] is not bug, result
-    # The operator's switch in the launcher's environment reaches every rank: the bug is back.
+
+
+# One launcher's control in the README's tests; every launcher's in CI's tier.
+@pytest.mark.parametrize("launcher", [*ci_tier(*LAUNCHERS[:1]), LAUNCHERS[1], *ci_tier(*LAUNCHERS[2:])])
+def test_the_switch_in_the_launchers_environment_reaches_every_rank(
+    tmp_path: Path, real_torch: dict[str, str], launcher: str
+) -> None:
+    """The operator's switch in the launcher's environment reaches every rank: the bug is back."""
+    bug = layout_bug_here()
     for models in launch(tmp_path, launcher, FSDP_AUTOPATCH="0").values():
         for result in models.values():
             assert not result["status"]["applied"] and result["status"]["mode"] == "off", result

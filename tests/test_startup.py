@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from conftest import (
     ROOT,
+    ci_tier,
     environment,
     fake_torch,
     fake_transformers,
@@ -232,7 +233,7 @@ print(json.dumps(steps))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["auto", "force"])
+@pytest.mark.parametrize("mode", ["auto", *ci_tier("force")])
 def test_torch_alone_loads_nothing_then_fsdp2_patches(real_torch: dict[str, str], mode: str) -> None:
     """With real torch: importing and using torch loads no module of wrapt and none of the
     package beyond its start-up module; importing FSDP2 and transformers afterwards patches."""
