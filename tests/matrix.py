@@ -446,7 +446,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         api = capture_status(options.capture_cli)
         if options.update_docs:
             replace_section(*CLI_MARKERS, captured, CLI_DOC)
-            replace_section(*API_MARKERS, api, README)
+            replace_section(*API_MARKERS, api, CLI_DOC)
         print(captured)
         print(api)
         return 0

@@ -105,7 +105,7 @@ GENERATED = {
     "versions": "docs/versions.md",  # tests/version_table.py (tests/test_matrix.py)
     "matrix": "docs/versions.md",  # python tests/matrix.py --full --update-docs
     "cli": "docs/cli.md",  # python tests/matrix.py --capture-cli PYTHON --update-docs
-    "api": "README.md",  # the same command
+    "api": "docs/cli.md",  # the same command
     "stacks": "docs/works-with.md",  # nox -f tests/noxfile.py -s stacks -- --docs
     "benchmarks": "docs/cost.md",  # python benchmarks/run.py --update-docs
 }
@@ -121,7 +121,7 @@ def test_each_generated_section_is_where_its_generator_writes(section: str) -> N
     writers = {
         "matrix": f'VERSIONS_DOC = DOCS / "{Path(GENERATED["matrix"]).name}"' in matrix_source,
         "cli": f'CLI_DOC = DOCS / "{Path(GENERATED["cli"]).name}"' in matrix_source,
-        "api": "replace_section(*API_MARKERS, api, README)" in matrix_source,
+        "api": "replace_section(*API_MARKERS, api, CLI_DOC)" in matrix_source,
         "stacks": readme_table.DOCUMENT == ROOT / GENERATED["stacks"],
         "benchmarks": bench_report.DOCUMENT == ROOT / GENERATED["benchmarks"],
     }
