@@ -48,7 +48,6 @@ from typing import Any, Optional
 from harness import (
     AFFECTED,
     DOCS,
-    README,
     ROOT,
     TORCH_PIN,
     TRANSFORMERS_PIN,
