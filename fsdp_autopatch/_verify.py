@@ -316,6 +316,8 @@ def main(argv: list[str]) -> int:
         # Every rank builds its own classes, and says which.
         status = fsdp_autopatch.status().to_dict()
         say({"rank": rank, "classes": status["classes"], "classes_seen": status["classes_seen"]})
+        # No rank tears gloo down while another still uses it: gloo aborts the process then.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return EXIT_OK

@@ -26,6 +26,7 @@ def run(launcher: str) -> None:
     mesh = _verify.init_process_group()
     try:
         results = [_verify.shard_and_train(kind, mesh) for kind in AFFECTED]
+        dist.barrier()  # no rank tears gloo down while another still uses it
     finally:
         dist.destroy_process_group()
     status = fsdp_autopatch.status().to_dict()

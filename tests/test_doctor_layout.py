@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from conftest import environment, make_throwaway, run_python
+from conftest import STAND_IN, environment, make_throwaway, run_python
 from test_cli import add_distribution, one_object, run_cli
 
 from fsdp_autopatch import _doctor, _sites
@@ -64,19 +64,8 @@ class FSDPModule:
 '''
 APPLY_CALL = "_apply_to_module(modules, cls_to_fsdp_cls, FSDPModule"
 
-# torch 2.11 - 2.15's _fsdp_init._apply_to_module, cut down.
-TORCH_2_13_HELPER = '''
-def _apply_to_module(modules, cls_to_wrapper_cls, wrapper_module_cls, wrapper_cls_prefix,
-                     unimplemented_deepcopy):
-    for module in modules:
-        cls = module.__class__
-        new_cls = cls_to_wrapper_cls.get(cls)
-        if not new_cls:
-            dct = {"__deepcopy__": unimplemented_deepcopy}
-            new_cls = type(f"{wrapper_cls_prefix}{cls.__name__}", (wrapper_module_cls, cls), dct)
-            cls_to_wrapper_cls[cls] = new_cls
-        module.__class__ = new_cls
-'''
+# torch 2.11 - 2.15's _fsdp_init._apply_to_module, as the stand-in torch has it.
+TORCH_2_13_HELPER = (STAND_IN / HELPER).read_text(encoding="utf-8")
 TORCH_2_13_FILES = {SITE_2_6: TORCH_2_13, HELPER: TORCH_2_13_HELPER}
 
 # torch 2.4's torch/distributed/_composable/fsdp/fully_shard.py: the class built inline, no cache.
@@ -97,25 +86,8 @@ class FSDPModule:
     pass
 '''
 
-# Composable DDP's torch/distributed/_composable/replicate.py (2.4 - 2.15), cut down.
-TORCH_DDP = '''
-def unimplemented_deepcopy(*args, **kwargs):
-    raise AssertionError("DDP does not support deepcopy")
-
-
-class DDP:
-    pass
-
-
-def replicate(module, **kwargs):
-    if "device_id" in kwargs and not isinstance(kwargs["device_id"], int):
-        raise RuntimeError(f"device_id must be an int, not {type(kwargs['device_id'])}")
-    cls = module.__class__
-    dct = {"__deepcopy__": unimplemented_deepcopy}
-    new_cls = type(f"DDP{cls.__name__}", (DDP, cls), dct)
-    module.__class__ = new_cls
-    return module
-'''
+# Composable DDP's torch/distributed/_composable/replicate.py (2.4 - 2.15), as the stand-in has it.
+TORCH_DDP = (STAND_IN / DDP).read_text(encoding="utf-8")
 
 # FSDP2's torch/distributed/_composable/replicate_with_fsdp.py (2.11 - 2.15), cut down.
 TORCH_REPLICATE = '''
@@ -235,7 +207,8 @@ def test_composable_ddp_is_known_and_fsdp2_replicate_absent_before_2_9(tmp_path:
         TORCH_2_13_HELPER, "new_cls = type(", "new_cls = builtins.type(")},
      "_apply_to_module does not call the global type"),
     ("a parameter named type", {SITE_2_6: TORCH_2_13, HELPER: edited(
-        TORCH_2_13_HELPER, "unimplemented_deepcopy):", "unimplemented_deepcopy, type=type):")},
+        TORCH_2_13_HELPER, "unimplemented_deepcopy: Callable[..., Any],",
+        "unimplemented_deepcopy: Callable[..., Any], type: type = type,")},
      "_apply_to_module does not call the global type"),
     ("no fully_shard", {SITE_2_6: edited(TORCH_2_13, "def fully_shard(", "def shard("),
                         HELPER: TORCH_2_13_HELPER},

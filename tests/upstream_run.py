@@ -111,6 +111,8 @@ def main() -> None:
         code_after[name] is code for name, code in code_before.items())
     print(json.dumps({"status": status.to_dict(), "rank": dist.get_rank(), "builders_untouched": untouched}),
           flush=True)
+    # No rank tears gloo down while another still uses it (gloo aborts the process then).
+    dist.barrier()
     dist.destroy_process_group()
 
 
