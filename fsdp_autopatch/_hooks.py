@@ -226,10 +226,15 @@ def try_install(just_ran: Optional[object] = None) -> None:
             if construction is None:
                 continue
             _settled.add(api)
-            if _probed(api, construction) in (_patch.ACCEPTED, _patch.TORCH_COMPATIBLE):
+            # Nothing of torch's is rewritten where torch needs no fix: where torch builds an
+            # accepted class itself, and, unless forced, where CPython accepts torch's own for an
+            # ABC module (3.15+). Forced, such a site is patched still: CPython 3.15 refuses
+            # Generic[T]-first classes, and each class gets torch's own where CPython accepts it.
+            answer = _probed(api, construction)
+            if answer == _patch.TORCH_COMPATIBLE or (answer == _patch.ACCEPTED and mode != _config.FORCE):
                 logger.debug("left %s to torch: its own construction gives an ABC module a class CPython "
                              "accepts", api)
-                continue  # nothing of torch's is rewritten where torch needs no fix
+                continue
             problem = _patch.install_checked(construction)
             if problem is None:
                 _status.applied = True

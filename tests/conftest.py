@@ -40,6 +40,7 @@ __all__ = [
     "SCENARIO",
     "STAND_IN",
     "Throwaway",
+    "abc_swap_refused",
     "alive",
     "assert_trains_like_unsharded",
     "ci_tier",
@@ -608,3 +609,17 @@ def package_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if given and Path(given).is_file():
         return Path(given)
     return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def abc_swap_refused() -> bool:
+    """Does this CPython refuse to swap an ABC module's class for ``(Wrapper, cls)`` (3.9 - 3.14),
+    as the package's probe asks it (a ``class (ABC)``, the layout of ``class (ABC, nn.Module)``)?
+    For the tests that need no torch; layout_bug_here() asks real torch."""
+    import abc
+
+    module = object.__new__(type("Head", (abc.ABC,), {}))
+    try:
+        module.__class__ = type("WrappedHead", (type("Wrapper", (), {}), type(module)), {})
+    except TypeError:
+        return True
+    return False

@@ -13,9 +13,20 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from conftest import Throwaway, fake_torch, fake_transformers, json_lines, make_throwaway, write_module
+from conftest import (
+    Throwaway,
+    abc_swap_refused,
+    fake_torch,
+    fake_transformers,
+    json_lines,
+    make_throwaway,
+    write_module,
+)
 
 import fsdp_autopatch
+from fsdp_autopatch import DDP_MODULE
+
+HERE = Path(__file__).parent
 
 # What the hooks wait for: the first import of any wrapper they patch.
 WRAPPERS = "FSDP2 fully_shard, FSDP2 replicate, composable DDP replicate or Megatron-FSDP fully_shard"
@@ -73,10 +84,11 @@ def test_fsdp2_where_the_package_does_not_look_is_said_not_waited_for(
     private_fsdp2(env)
     unknown = (f"torch 2.16.0's FSDP2 layout is unknown to fsdp-autopatch {fsdp_autopatch.__version__} (none "
                "of the class-construction sites it patches is there)")
-    # torch 2.16 is newer than the version rows: the bug cannot be ruled out, so the user reads why
-    # it is not fixed, once.
+    # torch 2.16 is newer than the version rows, and composable DDP's site, probed, refuses an ABC
+    # module (forced, the bug is assumed): the user reads why FSDP2 is not fixed, once. Where
+    # CPython accepts the ABC swap (3.15+), the bug is not here, and nothing is said unless forced.
     said = f"fsdp-autopatch: cannot fix FSDP2 fully_shard's layout bug for ABC modules here: {unknown} " \
-           "(upgrade fsdp-autopatch)\n"
+           "(upgrade fsdp-autopatch)\n" if mode == "force" or abc_swap_refused() else ""
     status = status_after(env, "import torch.distributed.fsdp._fsdp2_v2, transformers", mode, said)
     assert status["applied"] is False
     assert f"FSDP2 fully_shard runs unpatched: {unknown}" in status["reason"], status
@@ -122,3 +134,25 @@ def test_a_type_rebound_in_torchs_builders_is_named_not_waited_for(env: Throwawa
     start = ("fsdp-autopatch: cannot fix FSDP2 fully_shard's layout bug for ABC modules here: "
              "torch.distributed.fsdp._fully_shard._fsdp_init.type is ")
     assert all(line.startswith(start) for line in said)
+
+
+@pytest.mark.parametrize("mode", [None, "force"])
+def test_a_site_cpython_accepts_for_abc_is_left_to_torch_unless_forced(
+    env: Throwaway, mode: Optional[str]
+) -> None:
+    """Where CPython accepts torch's own class for an ABC module (CPython 3.15, and here a DDP
+    wrapper that sits on abc.ABC itself), auto mode leaves the site to torch. Forced, it is
+    patched: a Generic[T]-first module, which CPython refuses on every version, is wrapped."""
+    fake_torch(env.site)
+    replicate = env.site / "torch" / "distributed" / "_composable" / "replicate.py"
+    replicate.write_text("import abc\n" + replicate.read_text().replace("class DDP:", "class DDP(abc.ABC):"))
+    result = env.run_program(HERE / "accepted_site.py", FSDP_AUTOPATCH=mode)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    (report,) = json_lines(result.stdout)
+    if mode == "force":
+        assert report["status"]["sites"] == [f"{DDP_MODULE}.replicate"], report["status"]
+        assert report["outcome"] == "DDPGenericHead"
+    else:
+        status = report["status"]
+        assert status["applied"] is False and "accepts" in status["reason"], status
+        assert "object layout differs" in report["outcome"]
