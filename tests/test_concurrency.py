@@ -23,8 +23,10 @@ HERE = Path(__file__).parent
 PARALLEL = 2
 # Generous: a trial that has not finished by then is hung, not slow.
 TRIAL_TIMEOUT = 300
-INSTALLED_LINE = "fsdp-autopatch INFO: patched "  # one per site: fully_shard's, composable DDP's
-NOT_PATCHING_LINE = "not patching"
+# The package logs each site patched, and the decision, at DEBUG: counting those lines counts
+# installs and refusals.
+INSTALLED_LINE = "fsdp-autopatch DEBUG: patched "  # one per site: fully_shard's, composable DDP's
+NOT_PATCHING_LINE = "fsdp-autopatch DEBUG: not patching"
 
 # transformers 4.55.3, whose heads no longer inherit abc.ABC: the package loads, and must refuse.
 UNAFFECTED_TRANSFORMERS = '__version__ = "4.55.3"\n'
@@ -32,8 +34,7 @@ UNAFFECTED_TRANSFORMERS = '__version__ = "4.55.3"\n'
 
 def import_trial(seed: int, **variables: Optional[str]) -> dict[str, Any]:
     """One fresh interpreter racing 16 threads through the first imports; what it reported."""
-    # The package logs each install decision at info level: counting those lines counts installs.
-    env = environment(FSDP_AUTOPATCH_LOG="info", **variables)
+    env = environment(FSDP_AUTOPATCH_LOG="debug", **variables)
     try:
         result = run_program(HERE / "threaded_imports.py", str(seed), env=env, timeout=TRIAL_TIMEOUT,
                              check=False)
