@@ -68,13 +68,13 @@ def test_environment(session: nox.Session) -> dict[str, str]:
     return {**REQUIRE, "FSDP_AUTOPATCH_TEST_WHEEL": str(package_wheel(session))}
 
 
-def install_torch_stack(session: nox.Session) -> None:
-    """torch, transformers and Megatron-FSDP without compiling their bytecode at install: pip
+def install_torch_stack(session: nox.Session, *packages: str) -> None:
+    """torch and transformers (with ``packages``) without compiling their bytecode at install: pip
     would compile every one of their 8,000 modules (20 CPU-seconds of torch's and transformers'
     30 to install, measured 2026-12-03), where the tests' first interpreter compiles the ones
     they import, once (about 7: the tests' interpreters write bytecode, their environment drops
     PYTHONDONTWRITEBYTECODE)."""
-    session.install("--no-compile", *TORCH_STACK, *MEGATRON)
+    session.install("--no-compile", *TORCH_STACK, *packages)
 
 
 def install_wheel(session: nox.Session, *packages: str) -> None:
@@ -89,7 +89,7 @@ def install_wheel(session: nox.Session, *packages: str) -> None:
 def tests(session: nox.Session) -> None:
     """All tests but the stress loops and CI's tier: real torch, transformers and gloo in
     subprocesses."""
-    install_torch_stack(session)
+    install_torch_stack(session, *MEGATRON)
     install_wheel(session, *TESTS_REQUIREMENTS)
     # Two workers: the tests are subprocess-bound, and each starts its own interpreters, venvs
     # and gloo groups on free ports, so none waits on another.
@@ -140,7 +140,8 @@ def ci_tier(session: nox.Session) -> None:
 @nox.session(python="3.11", venv_backend="venv")
 def stress(session: nox.Session) -> None:
     """The stress loops: many racing threads and processes, pip install/upgrade/uninstall cycles."""
-    install_wheel(session, *TORCH_STACK, "pytest", "pytest-xdist")
+    install_torch_stack(session)
+    install_wheel(session, "pytest", "pytest-xdist")
     session.run("pytest", "-n", "2", *REPORTING, "-m", "stress", *session.posargs, env=REQUIRE)
 
 
@@ -164,7 +165,8 @@ def stacks(session: nox.Session) -> None:
         args.remove("ci")
         args += ["-m", "stacks_ci"]
     # The CI cases need accelerate only; verl alone brings ray, wandb and tensordict.
-    install_wheel(session, *TORCH_STACK, *requirements(*(("accelerate",) if ci else STACKS_PINS)), "pytest")
+    install_torch_stack(session, *requirements(*(("accelerate",) if ci else STACKS_PINS)))
+    install_wheel(session, "pytest")
     session.run("pytest", *REPORTING, "tests/stacks", *args, env=env)
 
 
@@ -180,7 +182,8 @@ def oldest_wrapt() -> str:
 def wrapt_floor(session: nox.Session) -> None:
     """The hooks and every import order on the oldest wrapt allowed (1.14 runs post-import
     hooks under its global lock)."""
-    install_wheel(session, *TORCH_STACK, "pytest", "pytest-xdist", oldest_wrapt())
+    install_torch_stack(session)
+    install_wheel(session, "pytest", "pytest-xdist", oldest_wrapt())
     session.run("python", "-c", "import wrapt; print('wrapt', wrapt.__version__)")
     session.run(
         "pytest", "-n", "2", *REPORTING, "-m", "not stress", "tests/test_hooks.py",
