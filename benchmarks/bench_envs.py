@@ -32,6 +32,12 @@ NAIVE_PTH_NAME = "naive_autopatch.pth"
 NAIVE_PTH_LINE = (
     "import wrapt; wrapt.register_post_import_hook(lambda module: None, 'torch.distributed.fsdp')\n"
 )
+# The floor of every start-up file that imports a module: a one-line module imported by a .pth
+# line, which pays the import system's search of site-packages and the reading of a file, as
+# fsdp_autopatch does. Its import time, measured in the same alternation, is the machine's share.
+ONE_LINE_MODULE = "one_line_module"
+ONE_LINE_PTH_NAME = f"{ONE_LINE_MODULE}.pth"
+ONE_LINE_PTH_LINE = f"import {ONE_LINE_MODULE}\n"
 
 
 def log(message: str) -> None:
@@ -50,6 +56,7 @@ def ensure_venv(
     requirements: tuple[str, ...],
     wheel: Optional[Path] = None,
     naive_pth: bool = False,
+    one_line_pth: bool = False,
     base_python: str = sys.executable,
 ) -> Path:
     """A venv with ``requirements`` (and the package's ``wheel``, if given); returns its python."""
@@ -59,6 +66,7 @@ def ensure_venv(
         "requirements": list(requirements),
         "package": wheel is not None,
         "naive_pth": naive_pth,
+        "one_line_pth": one_line_pth,
     }
     recipe_path = venv / RECIPE_FILE
     python = venv_layout(venv).python
@@ -77,6 +85,9 @@ def ensure_venv(
         _pip_install(python, str(wheel), extra=("--no-deps", "--force-reinstall"))
     if naive_pth:
         (venv_layout(venv).site / NAIVE_PTH_NAME).write_text(NAIVE_PTH_LINE)
+    if one_line_pth:
+        (venv_layout(venv).site / f"{ONE_LINE_MODULE}.py").write_text("imported = True\n")
+        (venv_layout(venv).site / ONE_LINE_PTH_NAME).write_text(ONE_LINE_PTH_LINE)
     recipe_path.write_text(json.dumps(recipe, indent=1))
     return python
 

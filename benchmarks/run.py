@@ -121,11 +121,12 @@ def module_names(names: list[str], limit: int = 4) -> str:
 
 
 def startup(envs: dict[str, str], settings: Settings, cwd: str) -> tuple[list[Row], dict[str, Any]]:
-    """`python -c pass` in the same venv without the package, with it, and with a naive .pth."""
+    """`python -c pass` in the same venv without the package, with it, with a naive .pth, and with
+    a .pth that imports a one-line module (the floor of any .pth import)."""
     env = clean_environment()
     commands = {label: Command((python, "-c", "pass"), env, cwd) for label, python in envs.items()}
     modules = {label: loaded_modules(python, "pass", env, cwd) for label, python in envs.items()}
-    extras = {label: sorted(modules[label] - modules["without"]) for label in ("package", "naive")}
+    extras = {label: sorted(modules[label] - modules["without"]) for label in envs if label != "without"}
     profiles = alternate({label: (lambda c=command: importtime(c)) for label, command in commands.items()},
                          rounds=settings.startup_importtime_runs)
     # Modules that never go through the import system (none expected) have no line, hence 0.
@@ -141,9 +142,9 @@ def startup(envs: dict[str, str], settings: Settings, cwd: str) -> tuple[list[Ro
     ):
         row, data[f"wall_{label}"] = comparison_row(name, walls["without"], walls[label], target)
         rows.append(row)
-    for label, name, module_target, time_target in (
-        ("package", "start-up, fsdp-autopatch", 3, 500),
-        ("naive", "start-up, naive `.pth`", None, None),
+    for label, name, module_target in (
+        ("package", "start-up, fsdp-autopatch", 3),
+        ("naive", "start-up, naive `.pth`", None),
     ):
         count, micros = len(extras[label]), statistics.median(extra_us[label])
         rows.append({
@@ -156,9 +157,15 @@ def startup(envs: dict[str, str], settings: Settings, cwd: str) -> tuple[list[Ro
             "benchmark": f"{name}: their import time (`-X importtime`, self)",
             "a": "0", "b": bench_report.format_seconds(micros / 1e6),
             "delta": "+" + bench_report.format_seconds(micros / 1e6),
-            "target": f"≤ {time_target} µs" if time_target else "-",
-            "met": ("yes" if micros <= time_target else "no") if time_target else "-",
+            "target": "-", "met": "-",  # judged against the one-line module's, below
         })
+    # The package's start-up module against the floor any .pth import pays on this machine, run
+    # by run: what the package's own code adds.
+    row, data["import_vs_one_line"] = comparison_row(
+        "start-up import time (`-X importtime`, self): `fsdp_autopatch` (B) vs a one-line module a `.pth` "
+        "imports (A)", [us / 1e6 for us in extra_us["one-line"]], [us / 1e6 for us in extra_us["package"]],
+        "≤ 2")
+    rows.append(row)
     return rows, data
 
 
@@ -382,6 +389,7 @@ def run_all(options: argparse.Namespace, settings: Settings, work: Path) -> dict
         "without": str(bench_envs.ensure_venv(work / "startup-without", ("wrapt",))),
         "package": str(bench_envs.ensure_venv(work / "startup-package", ("wrapt",), wheel)),
         "naive": str(bench_envs.ensure_venv(work / "startup-naive", ("wrapt",), naive_pth=True)),
+        "one-line": str(bench_envs.ensure_venv(work / "startup-one-line", ("wrapt",), one_line_pth=True)),
     }
     versions: dict[str, Any] = {"startup envs": package_versions(envs["package"])}
     measure("startup", errors, results, rows, lambda: startup(envs, settings, cwd))
