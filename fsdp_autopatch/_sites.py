@@ -72,8 +72,9 @@ class Site:
 
     @property
     def modules(self) -> "tuple[str, ...]":
-        """The modules whose code the site reads."""
-        return (self.module, self.builder_module, *(self.torch_fix or ())[:1])
+        """The modules whose code the site reads: the entry's, the builder's, torch's fix's."""
+        fix_module = (self.torch_fix[0],) if self.torch_fix else ()
+        return (self.module, self.builder_module, *fix_module)
 
     @property
     def name(self) -> str:
