@@ -379,7 +379,7 @@ def test_verify_json_on_two_ranks_without_torch_in_the_parent(real_torch: dict[s
         # Only the token classifier is asked for: verify adds the causal LM, its control.
         result = run_cli("-X", "importtime", "-m", "fsdp_autopatch", "verify", "--nproc", "2", "--json",
                          "--model", "token-classification", command=[sys.executable], env=environment(**env))
-        # -X importtime is not passed on to torchrun or the ranks, so stderr shows the parent's imports.
+        # verify's own stderr holds only the parent's imports: the ranks' stderr goes to their files.
         assert not imported_packages(result.stderr) & {"torch", "transformers"}
         document = one_object(result.stdout)
         assert document["exit_code"] == result.returncode
@@ -426,7 +426,7 @@ def test_verify_json_on_two_ranks_without_torch_in_the_parent(real_torch: dict[s
 @needs_proc
 def test_verify_timeout_exits_2_and_stops_every_rank(real_torch: dict[str, str]) -> None:
     marker, env = marked_run()
-    # One second is not enough to import torch, so this stops torchrun while it starts.
+    # One second is not enough to import torch, so this stops the ranks while they start.
     result = run_cli("verify", "--nproc", "2", "--timeout", "1", env=env)
     assert result.returncode == 2, result.stdout + result.stderr
     assert last_line(result.stdout) == ("cannot verify: not finished within 1 s (0 of 8 runs done); rerun "
