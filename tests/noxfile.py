@@ -118,6 +118,7 @@ def module(session: nox.Session) -> None:
     stamp = Path(session.virtualenv.location) / "fsdp-autopatch-requirements.txt"
     wanted = "\n".join((*TESTS_REQUIREMENTS, (ROOT / "pyproject.toml").read_text(encoding="utf-8")))
     if not stamp.is_file() or stamp.read_text(encoding="utf-8") != wanted:
+        install_torch_stack(session, *MEGATRON)
         session.install(str(wheel), *TESTS_REQUIREMENTS)
         stamp.write_text(wanted, encoding="utf-8")
     session.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
@@ -132,6 +133,7 @@ def module(session: nox.Session) -> None:
 def ci_tier(session: nox.Session) -> None:
     """CI's tier (marker ci_tier): what is proven beyond the README's command, such as
     upstream/torch.patch applied to a copy of torch. .ci/run runs it in the tests session's venv."""
+    install_torch_stack(session, *MEGATRON)
     install_wheel(session, *TESTS_REQUIREMENTS)
     session.run("pytest", "-n", "2", *REPORTING, "-m", "ci_tier", *session.posargs,
                 env=test_environment(session))
