@@ -52,7 +52,8 @@ TRANSFORMERS = "transformers"
 
 # The routes that arm an interpreter, as status(), doctor and verify name them. Python 3.15+
 # (PEP 829) runs the .start file's entry point instead of the .pth import line.
-START_FILE = "fsdp_autopatch.start" if sys.version_info >= (3, 15) else "fsdp_autopatch.pth"
+PTH_NAME, START_NAME = "fsdp_autopatch.pth", "fsdp_autopatch.start"
+START_FILE = START_NAME if sys.version_info >= (3, 15) else PTH_NAME
 START_FILE_ROUTE = f"{START_FILE} at interpreter start"
 PLUGIN_ROUTE = "torch's plugin entry point at import torch"
 APPLY_ROUTE = "fsdp_autopatch.apply()"

@@ -152,9 +152,8 @@ def dispatch(argv: Optional[Sequence[str]], command: list[Optional[str]]) -> int
 
 
 def silence_closed_pipe() -> None:
-    """Point stdout and stderr at the null device: Python flushes them again at exit, and the
-    closed pipe would make that flush print "Exception ignored ... BrokenPipeError" (the remedy
-    the signal module's documentation gives, in its note on SIGPIPE)."""
+    """Point stdout and stderr at the null device: Python flushes them at exit, where the closed pipe
+    would print "Exception ignored ... BrokenPipeError" (the signal module's docs, on SIGPIPE)."""
     with contextlib.suppress(OSError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         for stream in (sys.stdout, sys.stderr):

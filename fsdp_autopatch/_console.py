@@ -1,8 +1,5 @@
 """What the command's modules share: names, exit codes, the install command, the console.
-
-``_cli`` imports ``_doctor`` and ``_verify_command``, and all three import this module; it
-imports nothing of theirs, so the command's modules import downward only.
-"""
+It imports none of them, so the command's modules import downward only."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ class Terminated(SystemExit):
 
 class Console:
     """Where output goes: details and progress can be silenced, verdicts and warnings cannot.
-    The streams are looked up at each write, so output follows ``sys.stdout``/``sys.stderr``
-    when a caller (or a test) replaces them; pythonw and some services have them None."""
+    The streams are looked up at each write (a caller may replace them; pythonw has them None)."""
 
     def __init__(self, quiet: bool, out: Optional[IO[str]] = None, err: Optional[IO[str]] = None) -> None:
         self.quiet, self._out, self._err = quiet, out, err

@@ -1,10 +1,8 @@
 """``fsdp-autopatch doctor``: does this environment have the bug, and will the installed patch fix it?
 
-One line per fact, marked ``ok``, ``FAIL`` (with the remedy under it), ``??`` (files cannot tell)
-or ``--`` (a problem that does not matter here), then one verdict, which is the exit code: OK 0,
-PROBLEM 1, CANNOT TELL 2. It reads installed metadata, the version matrix, this interpreter's
-site configuration and torch's source files (compiled, never run), so it answers in well under a
-second. Files cannot prove the fix: ``fsdp-autopatch verify`` runs it.
+One line per marked fact, then the verdict, which is the exit code. It reads installed metadata,
+the version matrix, site configuration and torch's source files (compiled, never run), so it
+answers in well under a second; ``fsdp-autopatch verify`` runs the fix.
 """
 
 from __future__ import annotations
@@ -25,10 +23,10 @@ from typing import Any, Optional
 from urllib.parse import unquote, urlparse
 
 import fsdp_autopatch
-from fsdp_autopatch import _config, _console, _matrix, _sites
+from fsdp_autopatch import PTH_NAME, START_NAME, _config, _console, _matrix, _sites
 from fsdp_autopatch._console import PROG, Console, installed_version
 
-PTH_NAME, START_NAME, PLUGIN_GROUP = "fsdp_autopatch.pth", "fsdp_autopatch.start", "torch.backends"
+PLUGIN_GROUP = "torch.backends"
 OK, PROBLEM, CANNOT_TELL = "OK", "PROBLEM", "CANNOT TELL"
 EXIT_CODE = {OK: _console.EXIT_OK, PROBLEM: _console.EXIT_BROKEN, CANNOT_TELL: _console.EXIT_CANNOT_TELL}
 # A fact's mark: fine, a problem, files cannot tell, a problem that does not matter here.
@@ -64,9 +62,8 @@ def editable_directory(distribution: metadata.Distribution) -> Optional[Path]:
 
 
 def check_installation() -> tuple[str, str]:
-    """Is the fsdp_autopatch this process imported an installed one (its kind, and a line)? A
-    command run from a checkout's root imports the checkout (``python -m`` puts the working
-    directory first on ``sys.path``), which says nothing of what training processes load."""
+    """Is the fsdp_autopatch imported here an installed one (its kind, and a line)? ``python -m`` in a
+    checkout's root imports the checkout, which says nothing of what training processes load."""
     package = Path(fsdp_autopatch.__file__).resolve().parent
     try:
         distribution: Optional[metadata.Distribution] = metadata.distribution(_console.DISTRIBUTION)
@@ -90,17 +87,6 @@ def check_installation() -> tuple[str, str]:
                          f"{sys.executable} (pip install . there, then run from another directory)")
 
 
-@dataclass
-class StartupCheck:
-    """The start-up files installed, the one this Python uses, and whether site.py reads it here."""
-
-    pth: Optional[Path]
-    start: Optional[Path]
-    used: Optional[Path]
-    read: bool
-    detail: str
-
-
 def installed_file(name: str) -> Optional[Path]:
     """A file the distribution installed at the root of its site directory, or None."""
     try:
@@ -110,15 +96,15 @@ def installed_file(name: str) -> Optional[Path]:
     return path if path.is_file() else None
 
 
-def check_startup() -> StartupCheck:
-    pth, start = installed_file(PTH_NAME), installed_file(START_NAME)
+def check_startup(pth: Optional[Path], start: Optional[Path]) -> tuple[Optional[Path], bool, str]:
+    """Of the start-up files installed, the one this Python uses, whether site.py reads it here, and why."""
     # PEP 829: from Python 3.15 a matching .start file replaces the .pth import line, and from
     # 3.18 .pth import lines are not run at all.
     used = start if sys.version_info >= (3, 15) and start is not None else pth
     if used is None:
-        return StartupCheck(pth, start, None, False, f"{PTH_NAME} is not installed")
+        return None, False, f"{PTH_NAME} is not installed"
     if used == pth and sys.version_info >= (3, 18):
-        return StartupCheck(pth, start, used, False, f"Python 3.18+ ignores {PTH_NAME}'s import line")
+        return used, False, f"Python 3.18+ ignores {PTH_NAME}'s import line"
     directory, user = used.parent, site.getusersitepackages()
     on_path = any(same_path(directory, Path(entry)) for entry in sys.path if entry)
     if sys.flags.no_site:
@@ -130,7 +116,7 @@ def check_startup() -> StartupCheck:
         detail = f"this interpreter {'reads' if read else 'skips'} the user site directory {directory}"
     else:
         read, detail = False, f"{directory} is not a site directory (PYTHONPATH or pip install --target?)"
-    return StartupCheck(pth, start, used, read, detail)
+    return used, read, detail
 
 
 def check_plugin(torch_version: Optional[str]) -> tuple[bool, str]:
@@ -200,29 +186,13 @@ def compile_module(path: Path) -> Compiled:
     return names, functions
 
 
-def torch_row(version: Optional[str]) -> Optional[_matrix.Row]:
-    try:
-        return _matrix.row_for(_matrix.TORCH_ROWS, version) if version else None
-    except ValueError:
-        return None
-
-
-def predates(version: str, sites: list[_sites.Site]) -> bool:
-    """Is ``version`` older than the first release of every one of ``sites``?"""
-    try:
-        return _matrix.release(version) < min(site.since for site in sites)
-    except ValueError:
-        return False
-
-
 def check_layout(api: str, torch_version: Optional[str]) -> dict[str, Any]:
-    """Whether the installed torch (or the API's distribution) has one of the API's sites, read
-    from its source files by the bytecode check the patch makes at run time
-    (``_sites.shape_problem``). ``known``: True, a site; False, the modules without any (a
-    layout unknown to this version); None, nothing to tell, or, ``doubt``, unreadable files."""
+    """Whether torch (or the API's distribution) has one of the API's sites, by the patch's own
+    bytecode check (``_sites.shape_problem``) on its source files. ``known``: True, a site; False,
+    a layout unknown to this version; None, nothing to tell, or, ``doubt``, unreadable files."""
     distribution = _sites.distribution_of(api)
     version = torch_version if distribution == "torch" else installed_version(distribution)
-    row = torch_row(version) if distribution == "torch" else None
+    row = _matrix.torch_row_for(version) if distribution == "torch" else None
 
     def answer(known: Optional[bool], text: str, site: Optional[_sites.Site] = None,
                file: Optional[Path] = None, doubt: bool = False) -> dict[str, Any]:
@@ -260,7 +230,11 @@ def check_layout(api: str, torch_version: Optional[str]) -> dict[str, Any]:
             return answer(True, f"{api} site known: {where}{fixed}", candidate, files[candidate.module])
         details = missing.setdefault(files[candidate.module], [])
         details += [problem] if problem not in details else []
-    if not missing and predates(version, sites):  # FSDP2's replicate came in torch 2.9, for one
+    try:  # FSDP2's replicate came in torch 2.9, for one
+        absent = not missing and not _sites.sites_of(api, _matrix.release(version))
+    except ValueError:
+        absent = False
+    if absent:
         return answer(None, f"{distribution} {version} has no {api}")
     found = "; ".join(f"{path}: {', and '.join(details)}" for path, details in missing.items())
     return answer(False, f"{_sites.unknown_layout(api, version)}: "
@@ -294,6 +268,7 @@ class DoctorReport:
     sites: list[dict[str, Any]]  # per API, check_layout's answer
     pth_installed: Optional[str]
     start_installed: Optional[str]
+    startup_file: Optional[str]  # the one this Python uses
     startup_read: bool
     startup_detail: str
     plugin_arms: bool
@@ -320,7 +295,8 @@ def diagnose() -> DoctorReport:
         wrapt_version, wrapt_error = str(getattr(wrapt, "__version__", "unknown")), None
     except Exception as error:
         wrapt_version, wrapt_error = None, f"{type(error).__name__}: {error}"
-    startup = check_startup()
+    pth, start = installed_file(PTH_NAME), installed_file(START_NAME)
+    startup_file, startup_read, startup_detail = check_startup(pth, start)
     plugin_arms, plugin_detail = check_plugin(torch_version)
     try:  # whether the pair has the bug does not depend on the switch
         pair = _matrix.decide(_config.AUTO, torch_version, transformers_version)
@@ -333,21 +309,21 @@ def diagnose() -> DoctorReport:
         wrapt=wrapt_version, wrapt_error=wrapt_error, mode=mode.name, mode_value=mode.raw,
         mode_problem=mode.problem or None, in_matrix=pair.in_matrix, reason=pair.reason,
         sites=[check_layout(api, torch_version) for api in _sites.APIS],
-        pth_installed=startup.pth and str(startup.pth), start_installed=startup.start and str(startup.start),
-        startup_read=startup.read, startup_detail=startup.detail, plugin_arms=plugin_arms,
-        plugin_detail=plugin_detail,
-        arms_by=(fsdp_autopatch.START_FILE_ROUTE if startup.read else
+        pth_installed=pth and str(pth), start_installed=start and str(start), startup_read=startup_read,
+        startup_file=startup_file and str(startup_file), startup_detail=startup_detail,
+        plugin_arms=plugin_arms, plugin_detail=plugin_detail,
+        arms_by=(fsdp_autopatch.START_FILE_ROUTE if startup_read else
                  fsdp_autopatch.PLUGIN_ROUTE if plugin_arms else None),
         armed_by=fsdp_autopatch.armed_by,
         startup_error=fsdp_autopatch.startup_error or getattr(plugin, "error", None),
     )
-    judge(report, startup)
+    judge(report)
     return report
 
 
-def judge(report: DoctorReport, startup: StartupCheck) -> None:
+def judge(report: DoctorReport) -> None:
     """The facts, each marked, and the verdict they add up to."""
-    torch, row = report.torch, torch_row(report.torch)
+    torch, row = report.torch, _matrix.torch_row_for(report.torch)
     forced = report.mode == _config.FORCE and torch is not None and (row is None or row.affected)
     newer = (report.in_matrix is None and torch is not None and row is None
              and report.transformers is not None and not forced)
@@ -378,15 +354,15 @@ def judge(report: DoctorReport, startup: StartupCheck) -> None:
             fact(True, answer["text"])
         elif answer["known"] is False or answer["doubt"]:
             unknown(answer["text"], needed)
-    if startup.read:
+    if report.startup_read:
         also = " (torch's plugin entry point also present)" if report.plugin_arms else ""
-        fact(True, f"armed at interpreter start by {startup.used.name}{also}")  # type: ignore[union-attr]
+        fact(True, f"armed at interpreter start by {Path(str(report.startup_file)).name}{also}")
     elif report.plugin_arms:
-        fact(True, f"armed at import torch by torch's plugin entry point ({startup.detail})")
+        fact(True, f"armed at import torch by torch's plugin entry point ({report.startup_detail})")
     else:
-        fact(False, f"not armed at interpreter start: {startup.detail}", cause="nothing arms the patch")
-        fact(False, f"not armed at import torch: {report.plugin_detail}", arming_remedy(report.plugin_detail),
-             "nothing arms the patch")
+        unarmed, remedy = "nothing arms the patch", arming_remedy(report.plugin_detail)
+        fact(False, f"not armed at interpreter start: {report.startup_detail}", cause=unarmed)
+        fact(False, f"not armed at import torch: {report.plugin_detail}", remedy, unarmed)
     fact(report.wrapt is not None, f"wrapt {report.wrapt}" if report.wrapt else
          f"wrapt cannot be imported ({report.wrapt_error})", "pip install wrapt", "wrapt cannot be imported")
     switch = (f"{_config.MODE_VARIABLE} unset" if report.mode_value is None
@@ -411,7 +387,7 @@ def torch_fixes_it(report: DoctorReport) -> bool:
 
 def pair_fact(report: DoctorReport, forced: bool) -> str:
     """The versions, and what the version matrix says of them on this Python."""
-    torch, transformers, row = report.torch, report.transformers, torch_row(report.torch)
+    torch, transformers, row = report.torch, report.transformers, _matrix.torch_row_for(report.torch)
     if torch is None or (row is not None and not row.affected):
         return "torch is not installed" if torch is None else f"torch {torch} has no FSDP2 (version matrix)"
     if forced:

@@ -287,7 +287,7 @@ def _torch_without_fsdp2(torch_version: Optional[str], just_ran: Optional[object
     packages = {site.package for site in _sites.sites_of(_sites.FULLY_SHARD)}
     if all(_patch.loaded(name, just_ran) is None for name in packages):
         return None
-    row = _torch_row(torch_version)
+    row = _matrix.torch_row_for(torch_version)
     if row is None or row.affected:
         return None
     return f"torch {torch_version} has no FSDP2 ({row.evidence}): nothing to patch"
@@ -324,13 +324,6 @@ def _unknown_layouts(
             unknown[api] = (f"{_sites.unknown_layout(api, version)} (none of the class-construction "
                             "sites it patches is there)", "upgrade fsdp-autopatch")
     return unknown
-
-
-def _torch_row(torch_version: Optional[str]) -> Optional[_matrix.Row]:
-    try:
-        return _matrix.row_for(_matrix.TORCH_ROWS, torch_version) if torch_version else None
-    except ValueError:
-        return None
 
 
 def _decided_by(decision: Optional[_matrix.Decision]) -> str:

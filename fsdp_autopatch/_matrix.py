@@ -148,6 +148,14 @@ def row_for(rows: tuple[Row, ...], version: str) -> Optional[Row]:
     return next((row for row in rows if row.covers(numbers)), None)
 
 
+def torch_row_for(version: Optional[str]) -> Optional[Row]:
+    """torch ``version``'s row; None for no torch, a release past the rows or an unreadable version."""
+    try:
+        return row_for(TORCH_ROWS, version) if version else None
+    except ValueError:
+        return None
+
+
 def first_release_after(rows: tuple[Row, ...]) -> Release:
     """The first release no row covers (the rows tile from 0 up to their last end)."""
     end = rows[-1].end

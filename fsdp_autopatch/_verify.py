@@ -1,20 +1,16 @@
 """The proof, run for real: wrap tiny transformers models with FSDP2 and composable DDP on gloo.
 
-Run as ``python -m fsdp_autopatch._verify [RUN ...]`` in a fresh interpreter, so that the
-start-up file or torch's plugin entry point is what patches it, once per rank (``RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` from the environment; alone, a group of one).
-For each run it wraps the model (FSDP2: every decoder layer, then the root; DDP: the root),
-trains a few steps next to an unwrapped copy of the same weights, and prints one JSON line
-(rank 0): the class torch built, both losses, or the error. Then each rank prints the classes
-the patch built in it (``status().classes``). ``fsdp-autopatch verify`` reads those lines; the
-tests call ``shard_and_train`` directly. ``grade`` is the one rule that turns the lines into
-pass or fail, for ``verify`` and ``tests/matrix.py`` alike. Importing this module imports
-nothing beyond the standard library.
+``python -m fsdp_autopatch._verify [RUN ...]`` is one rank, a fresh interpreter armed as a
+training process is (a launcher's variables from the environment; alone, a group of one). Per
+run, rank 0 prints one JSON line: the class torch built, its losses next to an unwrapped copy's,
+or the error; then every rank prints the classes the patch built there. ``grade`` turns the
+lines into pass or fail. Importing this module imports nothing beyond the standard library.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import json
 import os
@@ -27,9 +23,8 @@ from fsdp_autopatch._console import EXIT_CANNOT_TELL, EXIT_OK
 from fsdp_autopatch._sites import DDP_MODULE
 
 # The three transformers heads that inherit abc.ABC in the affected releases (_matrix), and a
-# causal LM of the same family, which never needs the patch and must get torch's own class:
-# whatever it shows is what torch's wrapper does here, the control every other run is graded
-# against (the same wrapper's).
+# causal LM of the same family, which never needs the patch: what torch's own class does here,
+# the control every other run of the same wrapper is graded against.
 MODELS = {
     "token-classification": "AutoModelForTokenClassification",
     "sequence-classification": "AutoModelForSequenceClassification",
@@ -37,8 +32,7 @@ MODELS = {
     "causal-lm": "AutoModelForCausalLM",
 }
 CONTROL = "causal-lm"
-# Each model runs wrapped by FSDP2's fully_shard, then by composable DDP's replicate: that run's
-# name has this suffix.
+# A model runs under FSDP2's fully_shard, then under composable DDP's replicate, named so.
 DDP_SUFFIX = " (DDP)"
 # CPython's words when it refuses the class swap: the bug itself, as torch raises it.
 LAYOUT_ERROR = "object layout differs"
@@ -94,9 +88,8 @@ def describe_class(cls: type) -> dict[str, Any]:
 
 
 def fsdp2() -> Any:
-    """torch's FSDP2 package, as users of the installed torch import it: the package of the
-    newest fully_shard site (``_sites``) this release may have (torch 2.6+:
-    torch.distributed.fsdp; 2.4 and 2.5: torch.distributed._composable.fsdp)."""
+    """torch's FSDP2 package as users import it: that of the newest fully_shard site this release
+    may have (torch 2.6+: torch.distributed.fsdp; 2.4 and 2.5: torch.distributed._composable.fsdp)."""
     import torch
 
     from fsdp_autopatch import _matrix, _sites
@@ -130,10 +123,7 @@ def shard_and_train(run: str, mesh: Any, steps: int = STEPS) -> dict[str, Any]:
         wrapper, wrap = composable.DDP, composable.replicate
     else:
         fsdp = fsdp2()
-        wrapper = fsdp.FSDPModule
-
-        def wrap(module: Any) -> None:
-            fsdp.fully_shard(module, mesh=mesh)
+        wrapper, wrap = fsdp.FSDPModule, functools.partial(fsdp.fully_shard, mesh=mesh)
 
     started = time.perf_counter()
     model = build_model(kind)
@@ -210,12 +200,10 @@ class Grade:
 
 
 def grade(results: Mapping[str, Mapping[str, Any]]) -> Grade:
-    """Pass or fail per run, judged against the control run of the same wrapper.
-
-    A run passes when it wrapped and trained at least as well as the control: torch 2.4 and 2.5
-    cannot train FSDP2 on a CPU at all, and torch 2.8 on two gloo ranks updates differently from
-    one process, for torch's own classes too. Without a control, only exact training passes.
-    """
+    """Pass or fail per run: it passes when it wrapped and trained at least as well as the control
+    run of the same wrapper (torch 2.4 and 2.5 cannot train FSDP2 on a CPU, and torch 2.8 on two gloo
+    ranks updates differently from one process, for torch's own classes too). Without a control,
+    only exact training passes."""
     outcomes = {run: outcome(result) for run, result in results.items()}
 
     def tolerated(run: str) -> tuple[str, ...]:
@@ -283,13 +271,8 @@ def say(record: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Exit 0 after the proof ran (whatever it found), 2 when it cannot run here (with a line
-    saying why on stderr and, for verify, on stdout)."""
+    """Exit 0 once the proof ran (whatever it found), 2 when it cannot run here (saying why)."""
     kinds = argv or runs(MODELS)
-    unknown = [kind for kind in kinds if run_kind(kind)[0] not in MODELS]
-    if unknown:
-        print(f"unknown model {unknown[0]!r}; choose from {', '.join(runs(MODELS))}", file=sys.stderr)
-        return EXIT_CANNOT_TELL
     problem = missing_prerequisite()
     if problem is None:
         import torch.distributed as dist

@@ -1,11 +1,8 @@
 """``fsdp-autopatch verify``, the parent side: start the ranks, follow them, judge.
 
-Each rank is a fresh interpreter of this very Python, with this process's interpreter flags
-(``-S``, ``-I``, ``-E``, ...) and environment, running ``python -m fsdp_autopatch._verify``: it
-is armed, or not, as a training script run the same way would be. The ranks form their gloo
-group from the variables a launcher sets, in a process group of their own that verify stops as
-one; the launchers users run are proven by the tests. This process never imports torch: it reads
-the ranks' JSON lines as they are written and grades them with ``_verify.grade``.
+Each rank runs ``_verify`` in this very Python with this process's interpreter flags and
+environment, so it is armed, or not, as a training script run the same way would be; the
+launchers users run are proven by the tests. This process never imports torch.
 """
 
 from __future__ import annotations
@@ -41,6 +38,7 @@ KILLED_WAIT_SECONDS = 2.0
 LOOK_SECONDS = 0.05
 # The longest verify takes from the deadline or a signal to its exit (the help states it).
 STOPS_WITHIN_SECONDS = math.ceil(LOOK_SECONDS + STOP_GRACE_SECONDS + KILLED_WAIT_SECONDS)
+HELD_SIGNALS = {getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)}
 # What a model's outcome is called, when it counts (True) and when it does not.
 SHOWN = {
     _verify.TRAINED: {True: "wrapped"},
@@ -65,23 +63,20 @@ class VerifyRun:
     timed_out: bool = False
     cannot_run: Optional[str] = None
     crash: Optional[str] = None  # a rank failed before it was done: why, in one line
-    killed: Optional[str] = None  # a rank was killed by a signal from outside
 
     def grade(self) -> _verify.Grade:
         return _verify.grade({result["model"]: result for result in self.results})
 
 
 def models_to_run(requested: Optional[list[str]]) -> list[str]:
-    """The runs of the models asked for, and of the causal LM, each with fully_shard and with
-    composable DDP: without the control, a loss that differs could be torch's own doing or the
-    patch's, and verify would have to guess."""
+    """The runs of the models asked for and of the causal LM, with fully_shard and composable DDP:
+    without the control, a loss that differs could be torch's doing or the patch's."""
     models = list(dict.fromkeys(requested or _verify.MODELS))
     return _verify.runs(models if _verify.CONTROL in models else [*models, _verify.CONTROL])
 
 
 def rank_command(models: list[str]) -> list[str]:
-    """A rank: this Python with this process's interpreter flags (what multiprocessing passes on
-    to the interpreters it spawns), running the proof."""
+    """A rank: this Python with this process's interpreter flags (as multiprocessing passes them on)."""
     flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
     return [sys.executable, *flags, "-m", "fsdp_autopatch._verify", *models]
 
@@ -136,8 +131,7 @@ def launch_and_follow(run: VerifyRun, timeout: float, console: Console, scratch:
                 outputs.append(files.enter_context(out.open("rb")))
             follow(run, ranks, outputs, run.started + timeout, console, scratch)
         finally:
-            with signals_held():
-                stop(ranks)
+            stop(ranks)
 
 
 def into_group(group: int) -> Any:
@@ -199,7 +193,7 @@ def explain_failure(run: VerifyRun, rank: int, code: int, stderr: Path) -> None:
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
         hint = " (out of memory?)" if name == "SIGKILL" else ""
-        run.killed = f"rank {rank} was killed by {name}{hint}{during}; rerun it, with less else running"
+        run.cannot_run = f"rank {rank} was killed by {name}{hint}{during}; rerun it, with less else running"
         return
     lines = [line.strip() for line in stderr.read_text(errors="replace").splitlines() if line.strip()]
     run.crash = (f"rank {rank} exited with code {code}{during}: "
@@ -208,18 +202,25 @@ def explain_failure(run: VerifyRun, rank: int, code: int, stderr: Path) -> None:
 
 
 def stop(ranks: list[subprocess.Popen[bytes]]) -> None:
-    """End the ranks and whatever they started, their process group as one: SIGTERM, then
-    SIGKILL for whatever is left after STOP_GRACE_SECONDS. Finds nothing to do after ranks that
-    ended, and leaves no zombie."""
-    for signum, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS),
-                         (getattr(signal, "SIGKILL", signal.SIGTERM), KILLED_WAIT_SECONDS)):
-        until = time.monotonic() + wait
-        if group_alive(ranks, signum):
-            while group_alive(ranks) and time.monotonic() < until:
-                time.sleep(LOOK_SECONDS)
-    for process in ranks:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=LOOK_SECONDS)
+    """End the ranks' process group as one: SIGTERM, then SIGKILL after STOP_GRACE_SECONDS; leave
+    no zombie. Meanwhile Ctrl-C and signals wait (the kernel keeps them pending), and end verify
+    once it is done: nothing cuts the stopping short."""
+    hold = getattr(signal, "pthread_sigmask", None)  # POSIX
+    if hold is not None:
+        hold(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        for signum, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS),
+                             (getattr(signal, "SIGKILL", signal.SIGTERM), KILLED_WAIT_SECONDS)):
+            until = time.monotonic() + wait
+            if group_alive(ranks, signum):
+                while group_alive(ranks) and time.monotonic() < until:
+                    time.sleep(LOOK_SECONDS)
+        for process in ranks:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=LOOK_SECONDS)
+    finally:
+        if hold is not None:
+            hold(signal.SIG_UNBLOCK, HELD_SIGNALS)
 
 
 def group_alive(ranks: list[subprocess.Popen[bytes]], signum: int = 0) -> bool:
@@ -239,9 +240,8 @@ def group_alive(ranks: list[subprocess.Popen[bytes]], signum: int = 0) -> bool:
 
 @contextlib.contextmanager
 def signals_end_verify() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a cancelled CI job, a closed terminal) end verify as Ctrl-C does, by
-    an exception (``_console.Terminated``: exit 128 + N), so that it stops its ranks first. A signal its
-    parent ignores (``nohup``, a script's background job) stays ignored."""
+    """SIGTERM and SIGHUP (a cancelled CI job, a closed terminal) end verify as Ctrl-C does, by an
+    exception (exit 128 + N) once it has stopped its ranks; one its parent ignores (nohup) stays so."""
     previous = {}
     if threading.current_thread() is threading.main_thread():  # only it may set handlers
         for name in ("SIGTERM", "SIGHUP"):
@@ -259,26 +259,11 @@ def raise_terminated(signum: int, frame: object) -> None:
     raise _console.Terminated(signum)
 
 
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """While verify stops its ranks, Ctrl-C and signals wait (the kernel keeps them pending),
-    and end verify once the ranks are stopped: nothing cuts the stopping short."""
-    held = {getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)}
-    block = getattr(signal, "pthread_sigmask", None)  # POSIX
-    if block is not None:
-        block(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        if block is not None:
-            block(signal.SIG_UNBLOCK, held)
-
-
 def verify_verdict(run: VerifyRun, timeout: float) -> tuple[int, str]:
     """The exit code and the one line that says what happened and what to do."""
     done = f"{len(run.results)} of {len(run.models)} runs"
-    if run.cannot_run or run.killed:
-        return EXIT_CANNOT_TELL, f"cannot verify: {run.cannot_run or run.killed}"
+    if run.cannot_run:
+        return EXIT_CANNOT_TELL, f"cannot verify: {run.cannot_run}"
     if run.timed_out:
         return EXIT_CANNOT_TELL, (f"cannot verify: not finished within {timeout:g} s ({done} done); rerun "
                                   "with a larger --timeout on a less loaded machine")
@@ -361,8 +346,7 @@ def verify_document(run: VerifyRun, code: int, verdict: str, warning: Optional[s
         "models": [dict(result, result=SHOWN[grade.outcomes[result["model"]]][grade.ok[result["model"]]],
                         outcome=grade.outcomes[result["model"]], ok=grade.ok[result["model"]])
                    for result in run.results],
-        # Every rank's classes, as status().classes lists them there; a rank that stopped
-        # before reporting has "reported": false.
+        # Per rank, status().classes there; "reported": false for a rank that stopped before saying.
         "ranks": [{"rank": rank, "classes": run.classes.get(rank, []), "classes_seen": run.seen.get(rank),
                    "reported": rank in run.seen} for rank in range(run.nproc)],
         "timed_out": run.timed_out, "seconds": round(time.monotonic() - run.started, 2),

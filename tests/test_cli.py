@@ -44,8 +44,8 @@ from fsdp_autopatch import _config, _matrix, _verify
 SCRIPT = Path(sysconfig.get_path("scripts")) / ("fsdp-autopatch.exe" if os.name == "nt" else "fsdp-autopatch")
 DOCTOR_KEYS = {"version", "python", "executable", "installation", "torch", "transformers", "wrapt",
                "mode", "in_matrix", "reason", "sites", "would_apply", "pth_installed", "start_installed",
-               "startup_read", "plugin_arms", "arms_by", "armed_by", "startup_error", "facts", "problems",
-               "unknowns", "outcome", "verdict", "exit_code"}
+               "startup_file", "startup_read", "plugin_arms", "arms_by", "armed_by", "startup_error", "facts",
+               "problems", "unknowns", "outcome", "verdict", "exit_code"}
 PROOF = "Proof: fsdp-autopatch verify"
 FIXED = f"OK: the patch will fix the bug in every process of this Python. {PROOF}"
 VERIFY_KEYS = {"exit_code", "ok", "verdict", "warning", "version", "python", "torch", "transformers", "nproc",
@@ -167,6 +167,7 @@ def test_doctor_json_reports_the_environment_without_importing_torch(
     assert all(site["known"] for site in report["sites"])  # type: ignore[attr-defined]
     assert report["pth_installed"] == str(installed / "fsdp_autopatch.pth")
     assert report["start_installed"] == str(installed / "fsdp_autopatch.start")
+    assert report["startup_file"] == str(installed / fsdp_autopatch.START_FILE)
     assert report["startup_read"] is True and report["armed_by"] == fsdp_autopatch.START_FILE_ROUTE
     assert report["problems"] == [] and report["startup_error"] is None
     assert (report["outcome"], report["exit_code"]) == ("OK", 0) and str(report["verdict"]).startswith("OK: ")
