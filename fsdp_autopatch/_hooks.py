@@ -310,10 +310,7 @@ def _unknown_layouts(
         # Another package's version is read from its top-level module, loaded with the site's.
         top_module = next(iter(modules)).split(".")[0]
         version = torch_version if distribution == "torch" else _version_of(top_module)[0]
-        try:
-            release = _matrix.release(version) if version else None
-        except ValueError:
-            release = None
+        release = _matrix.release_or_none(version)
         if not any(_patch.loaded(site.module, just_ran) is not None or _patch.loaded(site.package, just_ran)
                    is not None for site in _sites.sites_of(api, release)):
             continue

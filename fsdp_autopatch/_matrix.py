@@ -143,6 +143,14 @@ def _significant(numbers: Release) -> Release:
     return numbers
 
 
+def release_or_none(version: Optional[str]) -> Optional[Release]:
+    """``release(version)``; None for no version or an unreadable one."""
+    try:
+        return release(version) if version else None
+    except ValueError:
+        return None
+
+
 def row_for(rows: tuple[Row, ...], version: str) -> Optional[Row]:
     numbers = release(version)
     return next((row for row in rows if row.covers(numbers)), None)
