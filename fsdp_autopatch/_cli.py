@@ -14,6 +14,10 @@ import fsdp_autopatch
 from fsdp_autopatch import _console, _doctor, _matrix, _verify, _verify_command
 from fsdp_autopatch._console import PROG
 
+STOPPED_EXIT_CODES = """\
+  130  interrupted by Ctrl-C
+  141  whatever read the output went away (`| head -1`)
+"""
 DOCTOR_EXIT_CODES = """\
 exit codes (the verdict):
   0    OK: nothing to fix, or the installed patch is set up to fix it
@@ -22,9 +26,7 @@ exit codes (the verdict):
   2    CANNOT TELL from files: torch newer than the version matrix, a layout
        doctor does not know, a source tree instead of an installation; or a
        usage error
-  130  interrupted by Ctrl-C
-  141  whatever read the output went away (`| head -1`)
-"""
+""" + STOPPED_EXIT_CODES
 
 # Measured on 2 CPU cores with torch 2.13.0 (CPU) and transformers 4.55.2 (2026-12-03).
 VERIFY_SECONDS = "10 - 20 s on 2 CPU cores with one rank"
@@ -38,9 +40,7 @@ exit codes (the verdict):
   2    cannot run here: torch or transformers missing, a source tree, no gloo,
        the process group did not form, a rank killed from outside, --timeout
        reached; or a usage error
-  130  interrupted by Ctrl-C
-  141  whatever read the output went away (`| head -1`)
-  143  stopped by SIGTERM (129: SIGHUP)
+{STOPPED_EXIT_CODES}  143  stopped by SIGTERM (129: SIGHUP)
 however it is stopped, verify stops its ranks (SIGTERM, then SIGKILL {GRACE:g} s
 later) and returns within {STOPS_WITHIN:g} s; nothing it started is left running
 """

@@ -36,25 +36,17 @@ class Terminated(SystemExit):
 
 class Console:
     """Where output goes: details and progress can be silenced, verdicts and warnings cannot.
-    The streams are looked up at each write (a caller may replace them; pythonw has them None)."""
+    The streams are sys's at each write (a caller may replace them; pythonw has them None)."""
 
-    def __init__(self, quiet: bool, out: Optional[IO[str]] = None, err: Optional[IO[str]] = None) -> None:
-        self.quiet, self._out, self._err = quiet, out, err
-
-    @property
-    def out(self) -> IO[str]:
-        return self._out if self._out is not None else sys.stdout
-
-    @property
-    def err(self) -> IO[str]:
-        return self._err if self._err is not None else sys.stderr
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
 
     def paint(self, text: str, colour: str, on_err: bool = False) -> str:
         # https://no-color.org; TERM=dumb is what editors and some CI runners set for plain terminals.
         if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
             return text
         try:
-            terminal = (self.err if on_err else self.out).isatty()
+            terminal = (sys.stderr if on_err else sys.stdout).isatty()
         except (AttributeError, ValueError):  # None, or closed
             terminal = False
         return f"\x1b[{COLOURS[colour]}m{text}\x1b[0m" if terminal else text
@@ -64,16 +56,16 @@ class Console:
             print(text, file=stream, flush=True)
 
     def detail(self, text: str) -> None:
-        self.write(self.out, text, always=False)
+        self.write(sys.stdout, text, always=False)
 
     def progress(self, text: str) -> None:
-        self.write(self.err, text, always=False)
+        self.write(sys.stderr, text, always=False)
 
     def verdict(self, text: str, colour: str) -> None:
-        self.write(self.out, self.paint(text, colour))
+        self.write(sys.stdout, self.paint(text, colour))
 
     def warning(self, text: str) -> None:
-        self.write(self.err, self.paint(text, "yellow", on_err=True))
+        self.write(sys.stderr, self.paint(text, "yellow", on_err=True))
 
 
 def installed_version(package: str) -> Optional[str]:

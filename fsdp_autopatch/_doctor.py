@@ -426,7 +426,7 @@ def run_doctor(options: argparse.Namespace, console: Console) -> int:
         if problem:
             console.warning(problem)
     if options.json:
-        print(json.dumps(asdict(report)), file=console.out, flush=True)
+        print(json.dumps(asdict(report)), flush=True)
         return report.exit_code
     console.detail(console.paint(f"{PROG} {report.version} doctor (Python {report.python}, "
                                  f"{report.executable})", "bold"))

@@ -99,7 +99,7 @@ def run_verify(options: argparse.Namespace, console: Console) -> int:
     code, verdict = verify_verdict(run, options.timeout)
     warning = torch_warning(run)
     if options.json:
-        print(json.dumps(verify_document(run, code, verdict, warning)), file=console.out)
+        print(json.dumps(verify_document(run, code, verdict, warning)), flush=True)
         return code
     if run.status is not None:  # a rank got as far as the models
         console.detail(console.paint("classes the patch built, per rank:", "bold"))
