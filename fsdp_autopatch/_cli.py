@@ -18,7 +18,7 @@ STOPPED_EXIT_CODES = """\
   130  interrupted by Ctrl-C
   141  whatever read the output went away (`| head -1`)
 """
-DOCTOR_EXIT_CODES = """\
+DOCTOR_EXIT_CODES = f"""\
 exit codes (the verdict):
   0    OK: nothing to fix, or the installed patch is set up to fix it
   1    PROBLEM: the bug is here (or FSDP_AUTOPATCH=force is set) and the patch
@@ -26,7 +26,7 @@ exit codes (the verdict):
   2    CANNOT TELL from files: torch newer than the version matrix, a layout
        doctor does not know, a source tree instead of an installation; or a
        usage error
-""" + STOPPED_EXIT_CODES
+{STOPPED_EXIT_CODES}"""
 
 # Measured on 2 CPU cores with torch 2.13.0 (CPU) and transformers 4.55.2 (2026-12-03).
 VERIFY_SECONDS = "10 - 20 s on 2 CPU cores with one rank"

@@ -158,10 +158,8 @@ def row_for(rows: tuple[Row, ...], version: str) -> Optional[Row]:
 
 def torch_row_for(version: Optional[str]) -> Optional[Row]:
     """torch ``version``'s row; None for no torch, a release past the rows or an unreadable version."""
-    try:
-        return row_for(TORCH_ROWS, version) if version else None
-    except ValueError:
-        return None
+    numbers = release_or_none(version)
+    return None if numbers is None else next((row for row in TORCH_ROWS if row.covers(numbers)), None)
 
 
 def first_release_after(rows: tuple[Row, ...]) -> Release:
