@@ -9,8 +9,10 @@ lines into pass or fail. Importing this module imports nothing beyond the standa
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
+import gc
 import importlib
 import json
 import os
@@ -224,6 +226,11 @@ def init_process_group() -> Any:
         os.environ.setdefault(name, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo")
+    # The models' reference cycles hold gloo's finished work. Left to the interpreter's final
+    # collection, a gloo thread freeing it takes the GIL, is ended by the finalizing interpreter
+    # and aborts the rank ("terminate called without an active exception";
+    # https://github.com/pytorch/pytorch/pull/179291). atexit runs while the interpreter is whole.
+    atexit.register(gc.collect)
     return init_device_mesh("cpu", (dist.get_world_size(),))
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import abc
 import copy
-import gc
 import importlib
 import json
 import sys
@@ -119,9 +118,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # The models' reference cycles hold gloo's finished work: freed here, while the interpreter is
-    # whole. Left to its final collection, a gloo thread freeing that work takes the GIL, is ended
-    # by the finalizing interpreter and aborts the rank ("terminate called without an active
-    # exception"; https://github.com/pytorch/pytorch/pull/179291). Measured with two busy loops:
-    # 9 of 70 runs aborted without this, 0 of 30 with it.
-    gc.collect()
