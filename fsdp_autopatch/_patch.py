@@ -6,9 +6,11 @@ function's code object a private global name in place of ``type`` (``code.replac
 object stays, so every alias of ``fully_shard`` and ``replicate`` users hold reaches the fix) and
 binds a ``TypeStandIn`` under that name. The module's own ``type`` stays the builtin, so its
 public names, star imports, annotations and ``eval`` are torch's alone. For the site's call shape
-the stand-in builds torch's own class, by the very call torch makes, and returns it where CPython
-accepts it for ``cls``, or a layout-compatible class (``_layout``) where CPython refuses it;
-every other call is the builtin's (or whatever the module's ``type`` is now, if a user rebound it).
+the stand-in calls what ``upstream/torch.patch`` has torch call there instead of ``type``:
+``_wrapper_cls.make_wrapper_cls``, run as if torch's module defined it (``_layout.in_module``),
+which builds torch's own class wherever CPython accepts it and a layout-compatible one where not.
+Every other call is the builtin's (or whatever the module's ``type`` is now, if a user rebound it).
+What stays around that function is the package's own: the records, the log, ``status()``.
 
 After installing, ``check`` sends a throwaway ``class (ABC)`` instance through torch's
 construction at the site; only a site that passes counts as patched, and ``undone`` tells, when
@@ -26,17 +28,15 @@ import logging
 import os
 import sys
 import threading
-import weakref
 from dataclasses import dataclass
 from types import CodeType, FunctionType, ModuleType
 from typing import Any, Callable, Optional
 
-from fsdp_autopatch import _layout, _sites
+from fsdp_autopatch import _layout, _sites, _wrapper_cls
 from fsdp_autopatch._sites import Site
 
 logger = logging.getLogger("fsdp_autopatch")
 
-_mirrors = _layout.WrapperMirrors()
 # Guards the package's own tables only: never held while a class is built, so users'
 # __init_subclass__, metaclasses and logging handlers run with no lock of ours held, as without
 # the patch. Reentrant for the logging and the self-check that run under the hooks' lock.
@@ -59,9 +59,9 @@ class Construction:
         self.deepcopy = deepcopy
         self.module = module
         self.helper = helper
-        # What became of each original class: per class (by identity), not per call. It holds no
-        # class: torch's cache (FSDP2) or the modules (composable DDP) keep them alive, as without it.
-        self.decisions: _layout.ByIdentity[Decision] = _layout.ByIdentity()
+        # The original classes listed in the status (by identity, held weakly): each once, whether
+        # torch caches its class (FSDP2) or builds one per call (composable DDP).
+        self.recorded: _layout.ByIdentity[bool] = _layout.ByIdentity()
         # The builder function whose code was redirected, and its code before and after.
         self.function: Optional[FunctionType] = None
         self.patched_code: Optional[CodeType] = None
@@ -74,25 +74,6 @@ class Construction:
         return {} if self.deepcopy is None else {"__deepcopy__": self.deepcopy}
 
 
-class Decision:
-    """What a site does with one original class, holding neither it nor a class built from it:
-    the compatible class only weakly (while torch's cache or a module has it)."""
-
-    __slots__ = ("_compatible", "outcome")
-
-    def __init__(self, chosen: _layout.WrapperClass) -> None:
-        self.outcome = chosen.outcome
-        self._compatible: Optional[weakref.ref[type]] = None
-        if chosen.outcome == _layout.COMPATIBLE:
-            self.keep(chosen.cls)
-
-    def keep(self, compatible: type) -> None:
-        self._compatible = weakref.ref(compatible)
-
-    def compatible(self) -> Optional[type]:
-        return None if self._compatible is None else self._compatible()
-
-
 @dataclass(frozen=True)
 class ClassRecord:
     """What became of one original class at one site, for ``status().classes``."""
@@ -102,7 +83,7 @@ class ClassRecord:
     site: str
     wrapper: str  # the name of the class the site used
     outcome: str  # _layout.TORCH, COMPATIBLE or REFUSED
-    parent: Optional[str] = None  # COMPATIBLE: the layout parent, e.g. "abc.ABC"
+    parent: Optional[str] = None  # COMPATIBLE: the base its mirror of the wrapper sits on, e.g. "abc.ABC"
     reason: Optional[str] = None  # REFUSED: why, in one line
 
 
@@ -143,22 +124,37 @@ def after_fork_in_child() -> None:
     classes._lock = threading.Lock()
 
 
-def _record(cls: type, site: str, chosen: _layout.WrapperClass) -> None:
+def _outcome(construction: Construction, cls: type, built: type) -> tuple[str, Optional[type], Optional[str]]:
+    """What the fix gave ``cls``: torch's class (which CPython accepts, or refuses: then torch
+    raises its own error, and the reason says why the fix has none), or the compatible one and the
+    base its mirror of the wrapper sits on."""
+    if built.__bases__[0] is not construction.wrapper:
+        return _layout.COMPATIBLE, _layout.mirror_base(built, construction.wrapper), None
+    if _layout.accepts(cls, built):
+        return _layout.TORCH, None, None
+    if not _wrapper_cls._layout_root(cls).__dictoffset__:
+        return _layout.REFUSED, None, "its instances have no __dict__, which every wrapper class adds"
+    return _layout.REFUSED, None, (f"no mirror of {construction.wrapper.__name__} fits its class "
+                                   "(docs/how-it-works.md#limits)")
+
+
+def _record(construction: Construction, cls: type, built: type) -> None:
     """List the class in the status and say once in the log what became of it."""
+    outcome, parent, reason = _outcome(construction, cls, built)
     if cls.__dict__.get(_THROWAWAY):
-        type.__setattr__(cls, _CHOSEN, chosen)
+        type.__setattr__(cls, _CHOSEN, outcome)
         return
-    parent = _layout.parent_name(chosen.parent) if chosen.parent is not None else None
-    record = ClassRecord(cls.__qualname__, cls.__module__, site, chosen.cls.__name__, chosen.outcome,
-                         parent, chosen.reason or None)
+    site = construction.site.name
+    parent_name = _layout.parent_name(parent) if parent is not None else None
+    record = ClassRecord(cls.__qualname__, cls.__module__, site, built.__name__, outcome, parent_name, reason)
     classes.add(record)
     original = f"{record.module}.{record.name}"
-    if chosen.outcome == _layout.COMPATIBLE:
+    if outcome == _layout.COMPATIBLE:
         logger.info("built %s on %s for %s at %s: CPython refuses torch's own class for it",
-                    record.wrapper, parent, original, site)
-    elif chosen.outcome == _layout.REFUSED:
+                    record.wrapper, parent_name, original, site)
+    elif outcome == _layout.REFUSED:
         logger.warning("cannot build a layout-compatible %s for %s at %s (%s): torch will raise its "
-                       "own error for it", record.wrapper, original, site, record.reason)
+                       "own error for it", record.wrapper, original, site, reason)
     else:
         logger.debug("left %s to torch at %s: CPython accepts torch's own %s", original, site,
                      record.wrapper)
@@ -175,8 +171,10 @@ class TypeStandIn:
         self.globals = module_globals
         module_name = module_globals.get("__name__", "?")
         self.module_name = module_name
-        # type() names a new class's __module__ after the calling frame's globals: torch's module.
+        # type() names a new class's __module__ after the calling frame's globals: torch's module,
+        # for the classes of the fix as for every other call.
         self.build = _layout.type_called_from(module_name)
+        self.make_wrapper_cls = _layout.in_module(_wrapper_cls.make_wrapper_cls, module_name)
         self.constructions: dict[int, Construction] = {}  # by the identity of the wrapper class
         # The functions whose code loads this stand-in: function -> its code before.
         self.originals: dict[FunctionType, CodeType] = {}
@@ -190,57 +188,43 @@ class TypeStandIn:
         if own is not builtins.type:  # rebound after the install: the user's, as without the patch
             return own(*args, **kwargs)
         try:
-            if len(args) == 3 and not kwargs:
-                name, bases, _namespace = args
-                if builtins.type(bases) is tuple and len(bases) == 2 \
-                        and isinstance(bases[0], builtins.type) and isinstance(bases[1], builtins.type):
-                    construction = self.constructions.get(id(bases[0]))
-                    if construction is not None and construction.wrapper is bases[0] \
-                            and name == construction.name(bases[1]):
-                        return self.wrapper_class(construction, bases[1], args)
-            return self.build(*args, **kwargs)
+            construction = self.construction_of(args, kwargs)
+            if construction is None:
+                return self.build(*args, **kwargs)
+            # The class torch's call asks for, built by the fix torch is asked to take, called
+            # here in torch's place: one class per call, as torch's own ``type``. No lock is held
+            # while it is built, since it runs users' class hooks, which may wrap modules from
+            # other threads; nor a frame of the package's beyond this one.
+            built = self.make_wrapper_cls(*args)
+            self.record(construction, args[1][1], built)
+            return built
         except BaseException as error:
             # What a user's class hook (or torch) raised, with the package's frames taken out of
             # its traceback, as CPython's import system takes out its own: this frame stays.
             raise error.with_traceback(_without_own_frames(error.__traceback__))  # noqa: B904
 
-    def wrapper_class(self, construction: Construction, cls: type, args: tuple[Any, ...]) -> type:
-        """torch's class for ``cls``, built by torch's own call each time torch asks (once per
-        class where torch caches it, once per call where it does not), unless CPython refuses it:
-        then the layout-compatible class, built once per class while one lives.
+    def construction_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[Construction]:
+        """The construction whose call shape ``type(*args, **kwargs)`` is, or None."""
+        if len(args) != 3 or kwargs:
+            return None
+        name, bases, _namespace = args
+        if builtins.type(bases) is not tuple or len(bases) != 2 \
+                or not isinstance(bases[0], builtins.type) or not isinstance(bases[1], builtins.type):
+            return None
+        construction = self.constructions.get(id(bases[0]))
+        if construction is None or construction.wrapper is not bases[0]:
+            return None
+        return construction if name == construction.name(bases[1]) else None
 
-        No lock is held while classes are built: they run users' hooks, which may wrap modules
-        from other threads. Threads that race on one class decide alike; the first to finish
-        keeps its compatible class for the others, as torch's cache keeps one of theirs.
-        """
-        decision = construction.decisions.get(cls)
-        if decision is not None:
-            if decision.outcome != _layout.COMPATIBLE:
-                return self.build(*args)  # torch's class, by torch's call (refused: torch's error)
-            compatible = decision.compatible()
-            if compatible is not None:
-                return compatible
-        upstream = self.build(*args)  # torch's call; what it raises is torch's
-        try:  # built from the namespace torch passed in this very call
-            chosen = _layout.wrapper_class(
-                _mirrors, construction.wrapper, cls, args[0], args[2], self.module_name, upstream)
-        except Exception as error:  # this package's failure: torch's class, as without it
-            chosen = _layout.WrapperClass(upstream, _layout.REFUSED,
-                                          reason=f"fsdp-autopatch failed: {type(error).__name__}: {error}")
+    @staticmethod
+    def record(construction: Construction, cls: type, built: type) -> None:
+        """List ``cls`` and log what became of it, once per original class."""
         with _lock:
-            decision = construction.decisions.get(cls)
-            first = decision is None
-            if decision is None:
-                construction.decisions.set(cls, Decision(chosen))
-            elif decision.outcome == _layout.COMPATIBLE:
-                kept = decision.compatible()
-                if kept is not None:
-                    return kept
-                if chosen.outcome == _layout.COMPATIBLE:
-                    decision.keep(chosen.cls)
+            first = construction.recorded.get(cls) is None
+            if first:
+                construction.recorded.set(cls, True)
         if first:
-            _record(cls, construction.site.name, chosen)
-        return chosen.cls
+            _record(construction, cls, built)
 
     def __instancecheck__(self, instance: Any) -> bool:
         return isinstance(instance, self.own_type())
@@ -431,7 +415,7 @@ def install(construction: Construction) -> None:
     cache = getattr(sys.modules.get(construction.site.module), construction.site.cache or "", None)
     if isinstance(cache, dict):
         for cls, built in list(cache.items()):
-            if isinstance(cls, type) and isinstance(built, type) and not _layout.acceptance(cls)(built):
+            if isinstance(cls, type) and isinstance(built, type) and not _layout.accepts(cls, built):
                 cache.pop(cls, None)
                 logger.debug("dropped %s, which torch cached at %s before the patch and CPython "
                              "refuses for %s", built.__name__, construction.site.name, cls.__qualname__)
@@ -518,8 +502,8 @@ def check(construction: Construction) -> Optional[str]:
         try:
             _apply_construction(construction, instance, patched=True)
         except TypeError as error:
-            chosen = cls.__dict__.get(_CHOSEN)
-            why = f" (no compatible class: {chosen.reason})" if chosen is not None and chosen.reason else ""
+            refused = cls.__dict__.get(_CHOSEN) == _layout.REFUSED
+            why = " (the fix has no compatible class for it)" if refused else ""
             return f"a throwaway ABC module still fails in torch's construction at {site}: {error}{why}"
     except Exception as error:
         return f"the self-check at {site} failed: {type(error).__name__}: {error}"
@@ -570,9 +554,15 @@ def probe_layout_bug(construction: Optional[Construction] = None) -> Optional[bo
 _PACKAGE_DIRECTORY = os.path.dirname(__file__)
 
 
+def _is_own(filename: str) -> bool:
+    """Is the code of ``filename`` the package's: a file in its directory (a neighbour whose name
+    merely starts the same, such as ``fsdp_autopatch_userhooks/``, is not)."""
+    return os.path.dirname(filename) == _PACKAGE_DIRECTORY
+
+
 def _without_own_frames(traceback: Any) -> Any:
     """``traceback`` from its first frame that is not this package's."""
-    while traceback is not None and traceback.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIRECTORY):
+    while traceback is not None and _is_own(traceback.tb_frame.f_code.co_filename):
         traceback = traceback.tb_next
     return traceback
 
@@ -593,13 +583,15 @@ def _apply_construction(construction: Construction, instance: object, patched: b
     where CPython refuses the swap, as torch does."""
     if construction.helper is None:
         module = construction.module
-        type_ = module.__dict__.get(PRIVATE_TYPE, builtins.type) if patched else \
-            _layout.type_called_from(module.__name__)
+        if construction.site.torch_fix is not None:  # torch's own fix, called in place of type
+            build = bound_function(*construction.site.torch_fix)
+        elif patched:
+            build = module.__dict__.get(PRIVATE_TYPE, builtins.type)
+        else:
+            build = _layout.type_called_from(module.__name__)
         cls = type(instance)
-        new_cls = type_(construction.name(cls), (construction.wrapper, cls), construction.namespace())
-        if construction.site.torch_fix is not None:  # torch's own: the class it sets instead
-            new_cls = bound_function(*construction.site.torch_fix)(instance, new_cls, construction.wrapper)
-        instance.__class__ = new_cls
+        bases = (construction.wrapper, cls)
+        instance.__class__ = build(construction.name(cls), bases, construction.namespace())
         return
     call = _bind_helper(construction, instance, patched)
     if call is None:

@@ -62,8 +62,8 @@ class Site:
         # Where users import ``entry`` from (``module`` itself unless another package exports it).
         self.package = package or module
         # Where torch builds a class CPython accepts itself: the (module, function) the builder
-        # passes the class it built through, which returns the class to set (the probe asks it
-        # at run time; doctor, which reads files, finds the builder calling it).
+        # calls in place of ``type`` (the probe asks it at run time; doctor, which reads files,
+        # finds the builder calling it).
         self.torch_fix = torch_fix
 
     @property
@@ -82,8 +82,8 @@ class Site:
         return f"{self.module}.{self.entry}"
 
     def __repr__(self) -> str:
-        fix = f", then {'.'.join(self.torch_fix)}" if self.torch_fix else ""
-        return f"<site {self.name} (type called in {self.builder_module}.{self.builder}{fix})>"
+        constructor = ".".join(self.torch_fix) if self.torch_fix else "type"
+        return f"<site {self.name} ({constructor} called in {self.builder_module}.{self.builder})>"
 
 
 FULLY_SHARD = "FSDP2 fully_shard"
@@ -114,11 +114,11 @@ HELPER_ROLES = ("modules", "cache", "wrapper", "prefix", "deepcopy")
 _HELPER_PARAMETERS = ("modules", "cls_to_wrapper_cls", "wrapper_module_cls", "wrapper_cls_prefix",
                       "unimplemented_deepcopy")
 _APPLY_TO_MODULE = ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module", _HELPER_PARAMETERS)
-# The fix torch needs (upstream/torch.patch; in no torch release yet): each builder passes the
-# class it built through this function, which returns one CPython accepts. A torch with it is
-# found by its builders' bytecode (its rows' "since" is the oldest release the patch applies to);
-# the probe, asking its builders, then finds no bug at any site, and the package stands aside.
-_TORCH_FIX = ("torch.distributed._composable_state", "_compatible_wrapper_cls")
+# The fix torch needs (upstream/torch.patch; in no torch release yet): each builder calls this
+# function in place of ``type``; it is this package's _wrapper_cls.make_wrapper_cls. A torch with
+# it is found by its builders' bytecode (its rows' "since" is the oldest release the patch applies
+# to); the probe, asking its builders, then finds no bug at any site, and the package stands aside.
+_TORCH_FIX = ("torch.distributed._wrapper_cls", "make_wrapper_cls")
 
 # Per API, newest first; the first one whose names and bytecode the loaded torch has is used
 # (later releases keep re-exporting shims at the older paths).
@@ -187,14 +187,14 @@ def shape_problem(site: Site, has: "object", code_of: "object") -> "str | None":
             return f"no {site.builder}"
         if not any(loads_global(code, site.builder) for code in code_of(module, site.entry)):  # type: ignore[operator]
             return f"{site.entry} does not call {site.builder}"
-    if not any(loads_global(code, "type") for code in code_of(site.builder_module, site.builder)):  # type: ignore[operator]
-        return f"{site.builder} does not call the global type"
+    # What the builder calls to build the class: the global type, or torch's own fix in its place.
+    constructor = "type"
     if site.torch_fix is not None:
-        fix_module, fix = site.torch_fix
-        if not has(fix_module, fix):  # type: ignore[operator]
-            return f"no {fix}"
-        if not any(loads_global(code, fix) for code in code_of(site.builder_module, site.builder)):  # type: ignore[operator]
-            return f"{site.builder} does not call {fix}"
+        fix_module, constructor = site.torch_fix
+        if not has(fix_module, constructor):  # type: ignore[operator]
+            return f"no {constructor}"
+    if not any(loads_global(code, constructor) for code in code_of(site.builder_module, site.builder)):  # type: ignore[operator]
+        return f"{site.builder} does not call the global {constructor}"
     return None
 
 

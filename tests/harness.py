@@ -56,7 +56,7 @@ STACKS_PINS = {
     # verl pins numpy < 2; pyarrow from 22 on needs numpy 2 at import time (pip does not know).
     "pyarrow": "21.0.0",
 }
-# What torch's own tests import (upstream/test_wrapper_class_layout.py, run by tests/test_upstream.py).
+# What torch's own tests import (upstream/test_wrapper_cls.py, run by tests/test_upstream.py).
 EXPECTTEST_PIN = "0.3.0"
 _PINS = {"torch": TORCH_PIN, "transformers": TRANSFORMERS_PIN, "megatron-fsdp": MEGATRON_FSDP_PIN,
          "expecttest": EXPECTTEST_PIN, **STACKS_PINS}

@@ -67,7 +67,7 @@ FAULTS: dict[str, Callable[[], None]] = {
     "install": raising("fsdp_autopatch._patch", "install", RuntimeError),
     "decide": raising("fsdp_autopatch._matrix", "decide", ValueError),
     "replicate site": failing_replicate_site,
-    "wrapper_class": raising("fsdp_autopatch._layout", "wrapper_class", RuntimeError),
+    "mirror": raising("fsdp_autopatch._wrapper_cls", "_mirror_for", RuntimeError),
     "hide fsdp names": hide_fsdp_names,
 }
 

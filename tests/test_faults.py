@@ -643,21 +643,21 @@ def spoken(stderr: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.ci_tier
-def test_class_building_raising(unpatched: dict[str, Any]) -> None:
-    """A failure choosing one class leaves fully_shard to fail exactly as torch would: the
+def test_the_fix_raising(unpatched: dict[str, Any]) -> None:
+    """A failure of the fix itself leaves fully_shard to fail exactly as torch would: the
     self-check meets it first, so the status says unpatched, and the log says why."""
-    report, result = shard("wrapper_class", FSDP_AUTOPATCH_LOG="warning")
+    report, result = shard("mirror", FSDP_AUTOPATCH_LOG="warning")
     assert report["result"]["sharded"] is unpatched["sharded"]
     assert report["result"].get("error") == unpatched.get("error")
     if layout_bug_here():  # a class was needed, and the log that was asked for says why there is none
         assert report["status"]["applied"] is False, report["status"]
         assert "self-check" in report["status"]["reason"]
-        assert "fsdp-autopatch failed: RuntimeError: injected: wrapper_class" in report["status"]["reason"]
-        assert "injected: wrapper_class" in result.stderr
+        assert "RuntimeError: injected: _mirror_for" in report["status"]["reason"]
+        assert "injected: _mirror_for" in result.stderr
         # A failed self-check is said by default too: one line, the cause and what to do.
         (line,) = spoken(result.stderr)
         assert line.startswith("fsdp-autopatch: cannot fix FSDP2 fully_shard's layout bug for ABC modules "
-                               "here: the fix failed its self-check: ") and "injected: wrapper_class" in line
+                               "here: the fix failed its self-check: ") and "injected: _mirror_for" in line
         assert line.endswith("(upgrade fsdp-autopatch, or report it)")
 
 

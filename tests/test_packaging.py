@@ -27,7 +27,7 @@ HOME = "https://github.com/fsdp-autopatch/fsdp-autopatch"
 # hatch_build.py: the build hook a wheel built from the sdist needs.
 SDIST_DOCS = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "SECURITY.md", "LICENSE", "hatch_build.py",
               "benchmarks/README.md", "tests/noxfile.py", "upstream/README.md", "upstream/torch.patch",
-              "upstream/test_wrapper_class_layout.py",
+              "upstream/test_wrapper_cls.py", "upstream/make_patch.py", "upstream/lint.py",
               "tests/conftest.py", "tests/harness.py", "benchmarks/run.py", "benchmarks/results/results.md",
               *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md")))
 # Generated dumps: their tables are in the docs, their raw data stays with whoever ran them.

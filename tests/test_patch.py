@@ -236,7 +236,9 @@ def test_a_class_cpython_refuses_gets_one_compatible_class_that_it_accepts(
         # This CPython accepts torch's class (3.15 and the ABC case): the stand-in stands aside.
         assert built.__bases__ == (module.Wrapper, cls)
         return
-    assert module.wrap(object.__new__(cls)) is built
+    # One class per call, as torch builds it at this site (no cache), on the one mirror.
+    again = module.wrap(object.__new__(cls))
+    assert again is not built and again.__bases__[0] is built.__bases__[0]
     instance = object.__new__(cls)
     instance.__class__ = built
     assert isinstance(instance, module.Wrapper) and isinstance(instance, cls) and built.__mro__[2] is cls
@@ -268,22 +270,22 @@ def wrapped_classes_die(module: types.ModuleType, cls_body: str) -> list[bool]:
 @pytest.mark.parametrize("cls_body", ["class Made(abc.ABC, Plain): pass", "class Made(Plain): pass"],
                          ids=["abc_first", "plain"])
 def test_every_class_can_die_as_without_the_patch(torch_like: types.ModuleType, cls_body: str) -> None:
-    """The package keeps its decision per class without keeping the class: the original, torch's
-    class and the compatible one are freed as torch alone frees them (here: with the modules)."""
+    """The package lists each class without keeping it: the original, torch's class and the
+    compatible one are freed as torch alone frees them (here: with the modules)."""
     assert not any(wrapped_classes_die(torch_like, cls_body)), "the module keeps no class by itself"
     construction = _patch.resolve(site_of(torch_like))
     assert construction is not None
     _patch.install(construction)
     try:
         assert not any(wrapped_classes_die(torch_like, cls_body))
-        assert len(construction.decisions) == 0
+        assert len(construction.recorded) == 0
     finally:
         _patch.uninstall(construction)
 
 
 def test_users_class_hooks_never_see_a_mirror(torch_like: types.ModuleType) -> None:
-    """A user's empty-slots base with a registry: it receives the class its module gets (and
-    torch's own attempt, as without the patch), never a mirror named after the wrapper."""
+    """A user's empty-slots base with a registry: it receives the class its module gets, one
+    per call as without the patch, never a mirror named after the wrapper."""
     registry: list[str] = []
 
     class Registry:
@@ -313,9 +315,8 @@ def test_users_class_hooks_never_see_a_mirror(torch_like: types.ModuleType) -> N
         torch_like.wrap(object.__new__(RegisteredHead))
     finally:
         _patch.uninstall(construction)
-    # torch's class (refused), then the compatible one: each hook runs once more for the class
-    # that needs the fix, and never for the mirror. Where CPython accepts torch's class (3.15),
-    # torch's class per call, as without the package.
+    # One class per call, as torch alone builds (and registers) it: the compatible one where
+    # CPython refuses torch's, torch's own where it accepts it (3.15); never the mirror.
     assert registry == ["WRegisteredHead", "WRegisteredHead"] and "Wrapper" not in registry
     assert isinstance(instance, torch_like.Wrapper)
     assert (type(instance).__bases__[0] is not torch_like.Wrapper) is bug
@@ -350,7 +351,7 @@ def test_no_lock_is_held_while_a_class_hook_wraps_from_another_thread(torch_like
     assert finished == [True]
 
 
-def test_threads_racing_on_one_class_get_one_class_and_one_decision(patched: _patch.Construction) -> None:
+def test_threads_racing_on_one_class_get_a_class_each_and_one_record(patched: _patch.Construction) -> None:
     class RacingHead(abc.ABC, Plain):
         pass
 
@@ -366,11 +367,14 @@ def test_threads_racing_on_one_class_get_one_class_and_one_decision(patched: _pa
         thread.start()
     for thread in threads:
         thread.join()
+    # One class per call, as torch builds it here (no cache): each accepted, on one shared mirror
+    # where CPython refuses torch's own.
     classes = {type(instance) for instance in instances}
+    assert len(classes) == len(instances)
     if refused(RacingHead, type("WRacingHead", (patched.module.Wrapper, RacingHead), {})):
-        assert len(classes) == 1  # the compatible class, which the first thread to finish kept
-    else:  # 3.15 accepts torch's class: one per call, as torch builds it here (no cache)
-        assert len(classes) == len(instances)
+        assert len({c.__bases__[0] for c in classes}) == 1
+        assert all(c.__bases__[0] is not patched.module.Wrapper for c in classes)
+    else:  # 3.15 accepts torch's class
         assert all(c.__bases__[0] is patched.module.Wrapper for c in classes)
     records = [r for r in _patch.classes.snapshot()[0] if r.name.endswith("RacingHead")]
     assert len(records) == 1

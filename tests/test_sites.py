@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import pytest
 import version_table
-from conftest import fake_torch, fake_transformers, json_lines, make_throwaway, site_packages
+from conftest import fake_torch, fake_transformers, json_lines, make_throwaway, run_program, site_packages
 
 from fsdp_autopatch import _patch, _sites
 
@@ -185,6 +185,18 @@ def test_every_class_swap_of_the_installed_megatron_fsdp_is_a_site_or_left_alone
         "add a Site to fsdp_autopatch/_sites.py, or a ClassSwap to tests/version_table.py")
     found = {(file, function) for file, function, _ in swaps}
     assert ("experimental/fully_shard.py", "_attach_mixin") in found
+
+
+@pytest.mark.slow
+def test_the_wrappers_call_super_only_for_their_own_name() -> None:
+    """The fix refuses a mirror where the module's class defines a method the wrapper's
+    same-named method reaches with ``super()`` (FSDPModule._apply); that is every
+    case while torch's wrappers call ``super()`` for their own name alone."""
+    installed("torch")
+    (report,) = json_lines(run_program(HERE / "wrapper_super_calls.py").stdout)
+    assert report, "no wrapper method calls super(): the sweep did not see torch's classes"
+    for method, names in report.items():
+        assert set(names) <= {method.rsplit(".", 1)[1]}, (method, names)
 
 
 def test_a_new_class_swap_in_torch_fails_the_sweep(tmp_path: Path) -> None:

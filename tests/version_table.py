@@ -127,9 +127,9 @@ def render() -> str:
     fixes = sorted({".".join(site.torch_fix) for site in _sites.SITES if site.torch_fix})
     fixed_apis = ", ".join(api for api in _sites.APIS if any(site.fixed for site in _sites.sites_of(api)))
     lines += ["", f"torch's own fix ([upstream/torch.patch](../upstream/README.md), in no release yet): the "
-              f"builders of {fixed_apis} pass the class they build through `{', '.join(fixes)}`, which "
-              "returns one CPython accepts; where a torch has it, the probe finds no bug at any site and "
-              "the package stands aside."]
+              f"builders of {fixed_apis} call `{', '.join(fixes)}` (this package's "
+              "`fsdp_autopatch/_wrapper_cls.py`) in place of `type`; it builds a class CPython accepts. "
+              "Where a torch has it, the probe finds no bug at any site and the package stands aside."]
     newest = release_text(_matrix.TORCH_ROWS[-1].first)
     lines += ["", f"Every other `__class__` assignment in torch 2.4{TO}{newest} and megatron-fsdp "
               f"0.5.0{TO}0.6.1, left alone:", "",

@@ -1,0 +1,292 @@
+"""
+Wrapper classes that Python lets a module switch to in place.
+
+``fully_shard``, FSDP's ``replicate`` and composable DDP's ``replicate`` wrap a
+module by setting ``module.__class__`` to a class with the bases
+``(wrapper_cls, type(module))``. Python allows that only between classes whose
+instances have the same layout. A module class that puts a base with empty
+``__slots__`` (``abc.ABC``, ``typing.Generic[T]``, a ``collections.abc`` class)
+ahead of ``nn.Module`` adds its ``__dict__`` on top of that base, while
+``wrapper_cls`` adds its own on top of ``object``: Python refuses the switch
+("object layout differs"). For such a module, ``make_wrapper_cls`` puts a mirror
+of ``wrapper_cls`` that sits on that base first instead.
+"""
+
+# https://github.com/pytorch/pytorch/issues/160068
+
+from __future__ import annotations
+
+import types
+import typing
+import weakref
+from typing import Any
+
+
+__all__ = ["make_wrapper_cls"]
+
+# The fields of a class that make up the layout of its instances.
+_LAYOUT_FIELDS = (
+    "__basicsize__",
+    "__itemsize__",
+    "__dictoffset__",
+    "__weakrefoffset__",
+)
+# ``Py_TPFLAGS_HAVE_GC``, which Python also compares along a layout chain.
+_HAVE_GC = 1 << 14
+# ``object``'s own ``__class__`` setter: Python's layout check, whatever
+# ``__class__`` or ``__setattr__`` the classes define.
+_SET_CLASS = object.__dict__["__class__"].__set__
+# What every class holds for itself rather than for its instances.
+_CLASS_ATTRS = frozenset(
+    {
+        "__abstractmethods__",
+        "__annotate__",
+        "__annotate_func__",
+        "__annotations__",
+        "__annotations_cache__",
+        "__dict__",
+        "__doc__",
+        "__firstlineno__",
+        "__module__",
+        "__orig_bases__",
+        "__parameters__",
+        "__qualname__",
+        "__slots__",
+        "__static_attributes__",
+        "__type_params__",
+        "__weakref__",
+        "_abc_impl",
+    }
+)
+# ``typing.Generic`` can be a base only with parameters.
+_T = typing.TypeVar("_T")
+# Mirrors by (wrapper class, base, names they stand in for), kept while a class
+# uses one. Keyed by id, so that no metaclass ``__eq__`` runs; a mirror holds
+# both classes, so their ids stay theirs while it lives.
+_mirrors: weakref.WeakValueDictionary[tuple[int, int, frozenset[str]], type] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def make_wrapper_cls(
+    name: str, bases: tuple[type, type], namespace: dict[str, Any]
+) -> type:
+    """
+    Build the class that a module wrapped in place switches to.
+
+    Called in place of ``type(name, bases, namespace)``, it returns that class
+    wherever Python allows a module of class ``cls`` to switch to it. Where
+    Python refuses it, the first base is a mirror of ``wrapper_cls`` that sits
+    on the base under ``cls``'s ``__dict__`` instead, so that the layouts
+    match: ``isinstance(module, wrapper_cls)`` still holds, ``cls`` keeps its
+    index in the MRO (``wrapper_cls._orig_cls_mro_index``), and the wrapper's
+    attributes resolve ahead of ``cls``'s. Where no mirror fits, it returns
+    ``type(name, bases, namespace)``, and the switch raises as before.
+
+    Args:
+        name (str): The name of the class.
+        bases (tuple[type, type]): ``(wrapper_cls, cls)``: the wrapper class
+            and the module's class.
+        namespace (dict[str, Any]): The namespace of the class.
+
+    Returns:
+        type: The class to set ``module.__class__`` to.
+    """
+    wrapper_cls, cls = bases
+    mirror = _mirror_for(wrapper_cls, cls)
+    if mirror is not None:
+        bases = (mirror, cls)
+    return type(name, bases, namespace)
+
+
+def _mirror_for(wrapper_cls: type, cls: type) -> type | None:
+    """
+    Return the mirror of ``wrapper_cls`` to put ahead of ``cls``, or None where
+    ``(wrapper_cls, cls)`` is the class to build.
+    """
+    root = _layout_root(cls)
+    wrapper_root = _layout_root(wrapper_cls)
+    chain = wrapper_cls.__mro__[:-1]
+    if (
+        root.__base__ is None
+        or root.__base__ is object
+        or any(len(wrapper.__bases__) != 1 for wrapper in chain)
+        # ``root`` adds what ``wrapper_root`` adds: ``__dict__`` and ``__weakref__``.
+        or _layout(root) != _layout(wrapper_root)
+        or not _adds_nothing_to_object(root.__base__)
+        or not _adds_nothing_to_object(wrapper_root.__base__)
+        # Python 3.15+ allows the switch for some bases (``abc.ABC``).
+        or _can_switch(wrapper_root, root)
+    ):
+        return None
+    # The mirror sits on the base under ``root``'s ``__dict__``; where Python's
+    # check walks further (3.15+, down to a C type such as ``typing.Generic``),
+    # on the base where it stops. Python is asked, with an instance of the mirror.
+    base = root.__base__
+    while base is not object:
+        shadowed = _shadowed_attrs(chain, cls, base)
+        if shadowed is None:
+            return None
+        try:
+            mirror = _mirror(chain, base, shadowed)
+        except TypeError:  # the base's class hooks refuse it (``typing.Protocol``)
+            mirror = None
+        if mirror is not None and _can_switch(_bottom(mirror, chain), root):
+            return mirror
+        base = base.__base__
+    return None
+
+
+def _layout(cls: type) -> tuple[int, ...]:
+    return (
+        *(getattr(cls, field) for field in _LAYOUT_FIELDS),
+        cls.__flags__ & _HAVE_GC,
+    )
+
+
+def _layout_root(cls: type) -> type:
+    """Return the class where Python's layout check stops on ``cls``'s chain."""
+    while cls.__base__ is not None and _layout(cls) == _layout(cls.__base__):
+        cls = cls.__base__
+    return cls
+
+
+def _adds_nothing_to_object(cls: type) -> bool:
+    fields = _layout(object)[:-1]
+    while cls is not object:
+        if _layout(cls)[:-1] != fields:
+            return False
+        cls = cls.__base__
+    return True
+
+
+def _can_switch(old_cls: type, new_cls: type) -> bool:
+    """
+    Return whether Python allows an instance of ``old_cls`` to switch to
+    ``new_cls``, asked of a new instance that no one else sees.
+    """
+    try:
+        obj = object.__new__(old_cls)
+    except TypeError:  # an abstract class: leave the module to the switch itself
+        return True
+    try:
+        _SET_CLASS(obj, new_cls)
+    except TypeError:
+        return False
+    _SET_CLASS(obj, old_cls)
+    return True
+
+
+def _shadowed_attrs(
+    chain: tuple[type, ...], cls: type, mirror_base: type
+) -> frozenset[str] | None:
+    """
+    Return the attributes of the wrapper classes that ``cls``'s classes ahead
+    of them in the new MRO also define, or None where a mirror cannot resolve
+    one as ``(wrapper_cls, cls)`` does.
+    """
+    # The classes that the new MRO puts between the mirrors and the wrapper
+    # classes: ``cls``'s MRO up to ``mirror_base``, then ``mirror_base``'s.
+    head = []
+    for head_cls in cls.__mro__:
+        head.append(head_cls)
+        if head_cls is mirror_base:
+            break
+    head += mirror_base.__mro__[1:-1]
+    head_attrs = {attr for head_cls in head for attr in vars(head_cls)}
+    shadowed = set()
+    for wrapper in chain:
+        for attr, value in vars(wrapper).items():
+            if attr in _CLASS_ATTRS or attr not in head_attrs:
+                continue
+            # ``super()`` in the wrapper's method would skip ``cls``'s own, and
+            # a data descriptor would have to win over the instance ``__dict__``.
+            func = getattr(value, "__func__", value)
+            code = getattr(func, "__code__", None)
+            if hasattr(type(value), "__set__") or (
+                code is not None and "__class__" in code.co_freevars
+            ):
+                return None
+            shadowed.add(attr)
+    return frozenset(shadowed)
+
+
+def _mirror(chain: tuple[type, ...], base: type, shadowed: frozenset[str]) -> type:
+    """
+    Return a copy of the wrapper classes ``chain`` stacked on ``base``: for
+    ``(FSDPModule,)`` on ``abc.ABC``, ``ABCFSDPModule(ABC, FSDPModule)``.
+    """
+    key = (id(chain[0]), id(base), shadowed)
+    mirror = _mirrors.get(key)
+    if mirror is None:
+        mirror = _mirrors.setdefault(key, _build_mirror(chain, base, shadowed))
+    return mirror
+
+
+def _build_mirror(
+    chain: tuple[type, ...], base: type, shadowed: frozenset[str]
+) -> type:
+    """
+    Build the mirror on ``_Unplaced`` and move it onto ``base``, so that none of
+    ``base``'s class hooks (``__init_subclass__``, its metaclass) runs for it;
+    where Python refuses the move, build it on ``base``.
+    """
+    for start in (_Unplaced, base):
+        mirror = typing.Generic[_T] if start is typing.Generic else start
+        for wrapper in reversed(chain):
+            attrs: dict[str, Any] = {
+                "__module__": wrapper.__module__,
+                "__qualname__": f"{base.__name__}{wrapper.__name__}",
+                "__doc__": wrapper.__doc__,
+            }
+            if wrapper is chain[0]:
+                attrs.update((attr, _WrapperAttr(chain, attr)) for attr in shadowed)
+            mirror = types.new_class(
+                attrs["__qualname__"],
+                (mirror, wrapper),
+                exec_body=lambda ns, attrs=attrs: ns.update(attrs),
+            )
+        if start is base:
+            break
+        try:
+            # Python checks the layouts as for ``__class__``, and calls no hook.
+            _bottom(mirror, chain).__bases__ = (base, chain[-1])
+            break
+        except TypeError:
+            continue
+    return mirror
+
+
+def _bottom(mirror: type, chain: tuple[type, ...]) -> type:
+    """Return the mirror of the first class of ``chain`` (``FSDPModule``)."""
+    for _ in chain[1:]:
+        mirror = mirror.__bases__[0]
+    return mirror
+
+
+class _Unplaced:
+    """Where a mirror is built before it moves onto its base."""
+
+    __slots__ = ()
+
+
+class _WrapperAttr:
+    """
+    An attribute of the wrapper classes in a mirror, looked up on them at each
+    access, as ``(wrapper_cls, cls)`` finds it, replaced or deleted ones too.
+    """
+
+    def __init__(self, chain: tuple[type, ...], attr: str) -> None:
+        self.chain = chain
+        self.attr = attr
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        owner = type(obj) if objtype is None else objtype
+        for cls in (*self.chain, *owner.__mro__):
+            value = vars(cls).get(self.attr, self)
+            if not isinstance(value, _WrapperAttr):
+                get = getattr(type(value), "__get__", None)
+                return value if get is None else get(value, obj, owner)
+        raise AttributeError(
+            f"type object {owner.__name__!r} has no attribute {self.attr!r}"
+        )

@@ -1,0 +1,483 @@
+"""The layout fix, ``_wrapper_cls.make_wrapper_cls``, checked against CPython itself.
+
+Pure Python: ``Wrapper`` and ``ReplicateLike`` stand in for torch's FSDPModule and ReplicateModule
+(MRO index 2 and 3), ``Module`` for nn.Module. Every expectation is taken from CPython by
+assigning ``__class__`` on a real instance, here, independently of the function, so the same
+tests hold on every Python: where this interpreter accepts torch's class for a shape, the
+function builds exactly that class; where it refuses, one it accepts (or torch's, for a class
+without ``__dict__``, and then torch fails as it always did). The function is called as the
+package calls it, as if this module defined it (``_layout.in_module``), so that the classes it
+builds are named after this module, as ``type(...)`` called here names them.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections.abc
+import gc
+import itertools
+import pickle
+import subprocess
+import sys
+import types
+import typing
+import weakref
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from fsdp_autopatch import _layout, _wrapper_cls
+
+T = typing.TypeVar("T")
+make_wrapper_cls = _layout.in_module(_wrapper_cls.make_wrapper_cls, __name__)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Module:
+    def _apply(self) -> tuple[str, ...]:
+        return ("module",)
+
+
+class SlotsModule:
+    """A module-like base without ``__dict__``."""
+
+    __slots__ = ("weight",)
+
+
+class Wrapper:
+    _orig_cls_mro_index = 2
+
+    def __new__(cls, *args: object, **kwargs: object) -> Wrapper:
+        original = cls.__mro__[cls._orig_cls_mro_index]
+        return original.__new__(original)  # type: ignore[no-any-return]
+
+    def reshard(self) -> str:
+        return "reshard"
+
+    def _apply(self) -> tuple[str, ...]:
+        return ("wrapper", *super()._apply())  # type: ignore[misc]
+
+
+class ReplicateLike(Wrapper):
+    _orig_cls_mro_index = 3
+
+
+class GenericHead(abc.ABC):  # noqa: B024 (transformers' heads have no abstract methods either)
+    """Like transformers 4.54's GenericForTokenClassification(ABC)."""
+
+
+class Slotted:
+    __slots__ = ("a",)
+
+
+class EmptySlots:
+    __slots__ = ()
+
+
+class Proto(typing.Protocol):
+    def f(self) -> int: ...
+
+
+class ProtoImpl(Proto):
+    def f(self) -> int:
+        return 1
+
+
+class Plain:
+    pass
+
+
+# Bases placed ahead of (or after) the module base: empty-__slots__ parents (ABC, Generic[T],
+# Protocol, collections.abc), slotted and dict-carrying mixins.
+MIXINS: dict[str, Any] = {
+    "abc": abc.ABC,
+    "abc_mixin": GenericHead,
+    "generic": typing.Generic[T],
+    "protocol": Proto,
+    "protocol_impl": ProtoImpl,
+    "sized": collections.abc.Sized,
+    "typing_sized": typing.Sized,
+    "mapping": collections.abc.Mapping,
+    "hashable": collections.abc.Hashable,
+    "slotted": Slotted,
+    "empty_slots": EmptySlots,
+    "plain": Plain,
+}
+MODULES = {"module": Module, "slots_module": SlotsModule}
+OWN = {"dict": {}, "no_dict": {"__slots__": ()}, "slot": {"__slots__": ("x",)}}
+WRAPPERS = [Wrapper, ReplicateLike]
+
+
+def make_class(name: str, bases: tuple[Any, ...], namespace: dict[str, Any]) -> Optional[type]:
+    """``class name(*bases)`` made concrete, or None where Python refuses the combination."""
+    try:
+        cls = types.new_class(name, bases, exec_body=lambda ns: ns.update(namespace))
+    except TypeError:  # layout conflicts, inconsistent MROs, Protocol rules
+        return None
+    # A module class is always instantiable; lift abstractness left by collections.abc mixins.
+    if getattr(cls, "__abstractmethods__", None):
+        cls.__abstractmethods__ = frozenset()  # type: ignore[misc]
+    return cls
+
+
+def shapes() -> dict[str, type]:
+    """Single and multiple inheritance of every mixin with both module bases, in both orders, with
+    and without ``__dict__``, three-base mixes, and a subclass of an ABC-first class."""
+    found: dict[str, type] = {}
+    for (mixin, base), (module, module_base), (own, namespace) in itertools.product(
+        MIXINS.items(), MODULES.items(), OWN.items()
+    ):
+        for order, bases in (("first", (base, module_base)), ("last", (module_base, base))):
+            name = f"{mixin}_{order}_{module}_{own}"
+            cls = make_class(name, bases, namespace)
+            if cls is not None:
+                found[name] = cls
+    for first, second in itertools.permutations(["abc", "generic", "sized", "slotted", "plain"], 2):
+        cls = make_class(f"{first}_{second}_module", (MIXINS[first], MIXINS[second], Module), {})
+        if cls is not None:
+            found[f"{first}_{second}_module"] = cls
+    found["subclass_of_abc_first"] = make_class("SubclassOfAbcFirst", (found["abc_first_module_dict"],), {})  # type: ignore[assignment]
+    found["abcmeta_only"] = abc.ABCMeta("MetaOnly", (Module,), {})
+    found["module"] = Module
+    return found
+
+
+SHAPES = shapes()
+
+
+def cpython_accepts(cls: type, new: type) -> bool:
+    instance = object.__new__(cls)
+    try:
+        instance.__class__ = new
+    except TypeError:
+        return False
+    return True
+
+
+def has_dict(cls: type) -> bool:
+    return hasattr(object.__new__(cls), "__dict__")
+
+
+def upstream(wrapper: type, cls: type) -> type:
+    """What torch builds: ``type(f"FSDP{name}", (wrapper, cls), {"__deepcopy__": ...})``."""
+    return type(f"FSDP{cls.__name__}", (wrapper, cls), {"__deepcopy__": None})
+
+
+def make(wrapper: type, cls: type) -> type:
+    """What torch builds with the fix: the same call, to ``make_wrapper_cls``."""
+    return make_wrapper_cls(f"FSDP{cls.__name__}", (wrapper, cls), {"__deepcopy__": None})
+
+
+def test_the_shapes_are_broad() -> None:
+    """Enough shapes, and on every Python both kinds: some CPython refuses (Generic[T] first,
+    still refused on 3.15), some it accepts (no empty-__slots__ parent)."""
+    assert len(SHAPES) > 60
+    refused = [n for n, c in SHAPES.items() if not cpython_accepts(c, upstream(Wrapper, c))]
+    assert "generic_first_module_dict" in refused
+    assert "plain_first_module_dict" not in refused and "module" not in refused
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS, ids=["wrapper", "replicate_like"])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_decision_matches_cpython(wrapper: type, name: str) -> None:
+    """torch's own class where CPython accepts it; else a class CPython accepts where the
+    module's instances have ``__dict__`` (every wrapper class adds one), else torch's again."""
+    cls = SHAPES[name]
+    built = make(wrapper, cls)
+    if cpython_accepts(cls, upstream(wrapper, cls)):
+        assert built.__bases__ == (wrapper, cls)
+        return
+    if not has_dict(cls):
+        assert built.__bases__ == (wrapper, cls)
+        return
+    assert built.__bases__[0] is not wrapper, "CPython refuses torch's class: that keeps the bug"
+    assert cpython_accepts(cls, built)
+    assert_behaves_like_upstream(wrapper, cls, built)
+
+
+def assert_behaves_like_upstream(wrapper: type, cls: type, built: type) -> None:
+    reference = upstream(wrapper, cls)
+    assert built.__name__ == reference.__name__ and built.__module__ == reference.__module__
+    assert issubclass(built, wrapper) and issubclass(built, cls)
+    assert type(built) is type(reference)
+    # torch finds the original class by index: 2 for FSDPModule, 3 for ReplicateModule.
+    assert built.__mro__[wrapper._orig_cls_mro_index] is cls  # type: ignore[attr-defined]
+    assert type(built.__new__(built)) is cls
+    # The wrapper's own names resolve first, to the very same objects, as in upstream's MRO.
+    for name in vars(wrapper):
+        if not name.startswith("__") or name == "__new__":
+            assert built.__dict__.get(name) is None and getattr(built, name) == getattr(wrapper, name)
+    assert "__deepcopy__" in built.__dict__
+    instance = object.__new__(cls)
+    instance.__class__ = built
+    assert instance._apply() == object.__new__(reference)._apply()
+    assert instance.reshard() == "reshard"
+
+
+# Shapes CPython refuses on every supported Python (3.15 included).
+ALWAYS_REFUSED = "generic_first_module_dict"
+
+
+@pytest.mark.parametrize(
+    "name", ["abc_first_module_dict", "sized_first_module_dict", "plain_first_module_dict"]
+)
+def test_torchs_own_class_is_built_where_cpython_accepts_it(name: str) -> None:
+    """On 3.15 the ABC shapes join the plain one here: the fix then stands aside."""
+    cls = SHAPES[name]
+    assert (make(Wrapper, cls).__bases__ == (Wrapper, cls)) is cpython_accepts(cls, upstream(Wrapper, cls))
+
+
+def counting(made: list[str]) -> tuple[type, type]:
+    """A module base whose ``__init_subclass__`` and metaclass list each class made from it."""
+
+    class Counting(abc.ABCMeta):
+        def __new__(meta, name: str, bases: tuple[type, ...], namespace: dict[str, Any],
+                    **kwargs: Any) -> Any:
+            made.append(f"metaclass {name}")
+            return super().__new__(meta, name, bases, namespace, **kwargs)
+
+    class Counted(Module, metaclass=Counting):
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+            made.append(cls.__name__)
+
+    return Counted, Counting
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS, ids=["wrapper", "replicate_like"])
+@pytest.mark.parametrize("first", [abc.ABC, typing.Generic[T], collections.abc.Sized, EmptySlots],
+                         ids=["abc", "generic", "sized", "empty_slots"])
+def test_one_class_per_call_for_an_empty_slots_first_module_as_for_a_plain_one(
+    wrapper: type, first: Any
+) -> None:
+    """The module's hooks see one class per call, its own, whether it needs the fix or not; no
+    other class of the module's hierarchy is made (never torch's first and then another)."""
+    made: list[str] = []
+    counted, _ = counting(made)
+    head = make_class("Head", (first, counted), {})
+    twin = make_class("Twin", (counted,), {})
+    assert head is not None and twin is not None
+    for cls in (head, twin):
+        made.clear()
+        built = make(wrapper, cls)
+        assert made == [f"metaclass FSDP{cls.__name__}", f"FSDP{cls.__name__}"]
+        assert cls.__subclasses__() == [built]
+        del built
+        gc.collect()
+
+
+def test_mirrors_tell_themselves_apart_in_an_mro_and_a_pickle_error() -> None:
+    cls = SHAPES[ALWAYS_REFUSED]
+    built = make(ReplicateLike, cls)
+    names = [c.__qualname__ for c in built.__mro__]
+    assert names.count("Wrapper") == names.count("ReplicateLike") == 1
+    assert names[1:3] == ["GenericReplicateLike", "GenericWrapper"]
+    with pytest.raises((pickle.PicklingError, AttributeError), match="GenericReplicateLike"):
+        pickle.dumps(built.__mro__[1])
+
+
+def test_mirrors_are_shared_per_base_and_go_with_the_classes_built_on_them() -> None:
+    first = make(Wrapper, SHAPES[ALWAYS_REFUSED])
+    second = make(Wrapper, make_class("Other", (typing.Generic[T], Module), {}))  # type: ignore[arg-type]
+    assert first.__bases__[0] is second.__bases__[0]
+    mirror = weakref.ref(first.__bases__[0])
+    del first, second
+    gc.collect()
+    assert mirror() is None
+
+
+def test_every_class_built_can_die() -> None:
+    refs = []
+    for _ in range(5):
+        cls = make_class("Made", (abc.ABC, Module), {})
+        assert cls is not None
+        refs += [weakref.ref(cls), weakref.ref(make(Wrapper, cls))]
+        del cls
+    gc.collect()
+    assert not any(ref() for ref in refs)
+
+
+def test_a_class_without_dict_keeps_torchs_class() -> None:
+    """Every wrapper class carries ``__dict__``; a slots-only original can never take one."""
+    cls = SHAPES["generic_first_slots_module_slot"]
+    assert not cpython_accepts(cls, upstream(Wrapper, cls))
+    assert make(Wrapper, cls).__bases__ == (Wrapper, cls)
+
+
+class OwnApply(typing.Generic[T], Module):
+    """A head whose ``_apply`` the wrapper's ``super()._apply()`` reaches in upstream's MRO."""
+
+    def _apply(self) -> tuple[str, ...]:
+        return ("own", *super()._apply())
+
+
+class ReplicateOwnApply(Wrapper):
+    """A stand-in ReplicateModule that overrides a method FSDPModule reaches with ``super()``."""
+
+    _orig_cls_mro_index = 3
+
+    def _apply(self) -> tuple[str, ...]:
+        return ("replicate", *super()._apply())
+
+
+@pytest.mark.parametrize("wrapper", [Wrapper, ReplicateOwnApply], ids=["wrapper", "replicate"])
+def test_a_head_whose_method_the_wrappers_super_reaches_keeps_torchs_class(wrapper: type) -> None:
+    """Upstream's MRO runs the original class's ``_apply`` from the wrapper's ``super()``; a
+    mirror would skip it, so none is built and torch fails as it always did."""
+    assert not cpython_accepts(OwnApply, upstream(wrapper, OwnApply))
+    assert make(wrapper, OwnApply).__bases__ == (wrapper, OwnApply)
+
+
+class ReshardingWrapper:
+    """A stand-in FSDPModule whose super()-calling method also calls a method on ``self``."""
+
+    _orig_cls_mro_index = 2
+
+    def reshard(self) -> str:
+        return "reshard"
+
+    def _apply(self) -> tuple[str, ...]:
+        typing.cast(object, self.reshard())
+        return ("wrapper", *super()._apply())  # type: ignore[misc]
+
+
+class OwnReshard(typing.Generic[T], Module):
+    def reshard(self) -> str:
+        return "own reshard"
+
+
+def test_a_head_that_only_shares_a_name_with_the_wrapper_gets_a_class() -> None:
+    """A head defining ``reshard``, which the wrapper calls on ``self``: the mirror resolves it
+    to the wrapper's, as upstream's MRO does."""
+    assert not cpython_accepts(OwnReshard, upstream(ReshardingWrapper, OwnReshard))
+    built = make(ReshardingWrapper, OwnReshard)
+    assert built.__bases__[0] is not ReshardingWrapper and cpython_accepts(OwnReshard, built)
+    instance = object.__new__(OwnReshard)
+    instance.__class__ = built
+    reference = object.__new__(upstream(ReshardingWrapper, OwnReshard))
+    assert instance._apply() == reference._apply() and instance.reshard() == reference.reshard() == "reshard"
+
+
+class Described:
+    """A data descriptor, as a wrapper might define one."""
+
+    def __get__(self, instance: object, owner: Optional[type] = None) -> object:
+        return self if instance is None else instance.__dict__.get("_described", "unset")
+
+    def __set__(self, instance: object, value: object) -> None:
+        instance.__dict__["_described"] = value
+
+
+class LiveWrapper(Wrapper):
+    _orig_cls_mro_index = 3
+    described = Described()
+
+    def unshard(self) -> str:
+        return "unshard"
+
+
+def test_data_descriptors_of_the_wrapper_stay_data_descriptors() -> None:
+    cls = SHAPES[ALWAYS_REFUSED]
+    built = make(LiveWrapper, cls)
+    instance = object.__new__(cls)
+    instance.__class__ = built
+    reference = object.__new__(upstream(LiveWrapper, cls))
+    for obj in (instance, reference):
+        assert obj.described == "unset"  # type: ignore[attr-defined]
+        obj.described = "set"  # type: ignore[attr-defined]
+        assert obj.described == "set" and obj.unshard() == "unshard"  # type: ignore[attr-defined]
+    assert built.described is LiveWrapper.__dict__["described"]  # type: ignore[attr-defined]
+
+
+def test_a_head_that_shadows_a_data_descriptor_of_the_wrapper_keeps_torchs_class() -> None:
+    """A mirror's stand-in is no data descriptor: it would lose to the instance ``__dict__``."""
+    cls = make_class("OwnDescribed", (typing.Generic[T], Module), {"described": "own"})
+    assert cls is not None
+    assert make(LiveWrapper, cls).__bases__ == (LiveWrapper, cls)
+
+
+@pytest.mark.parametrize("wrapper", [Wrapper, LiveWrapper], ids=["wrapper", "two_class_chain"])
+def test_monkeypatches_of_the_wrapper_reach_built_classes_as_they_reach_upstreams(wrapper: type) -> None:
+    """Replaced, restored and deleted on the real wrapper class, before and after the class is
+    built: the built class answers exactly as torch's own class does, on every step."""
+    real = Wrapper.__dict__["reshard"]
+    built = make(wrapper, OwnReshard)  # a head that defines a wrapper name, before any patch
+    instance = object.__new__(OwnReshard)
+    instance.__class__ = built
+    reference = object.__new__(upstream(wrapper, OwnReshard))
+
+    def answers(obj: object) -> object:
+        try:
+            return obj.reshard()  # type: ignore[attr-defined]
+        except AttributeError as error:
+            return type(error)
+
+    def traced(self: object) -> str:
+        return "traced"
+
+    try:
+        assert answers(instance) == answers(reference) == "reshard"
+        Wrapper.reshard = traced  # type: ignore[method-assign]
+        late = make(wrapper, make_class("Late", (typing.Generic[T], Module), {}))  # type: ignore[arg-type]
+        late_instance = object.__new__(late.__mro__[wrapper._orig_cls_mro_index])  # type: ignore[attr-defined]
+        late_instance.__class__ = late
+        assert answers(instance) == answers(reference) == answers(late_instance) == "traced"
+        del Wrapper.reshard
+        # Gone from the wrapper: upstream's MRO then finds the head's own method, and so does this.
+        assert answers(instance) == answers(reference) == "own reshard"
+        assert answers(late_instance) is AttributeError
+        assert not hasattr(late, "reshard")
+    finally:
+        Wrapper.reshard = real  # type: ignore[method-assign]
+    assert answers(instance) == answers(reference) == "reshard"
+
+
+class ByName(abc.ABCMeta):
+    """Classes equal whatever they are; comparing them at all is the bug this finds."""
+
+    def __eq__(cls, other: object) -> bool:
+        raise AssertionError(f"{cls.__name__} compared with {other!r}")
+
+    __hash__ = abc.ABCMeta.__hash__
+
+
+def test_classes_are_compared_by_identity_never_by_a_metaclass_eq() -> None:
+    head = ByName("Head", (abc.ABC, Module), {})
+    twin = ByName("Twin", (Module,), {})
+    for cls in (head, twin):
+        built = make(Wrapper, cls)
+        assert built.__mro__[2] is cls and cpython_accepts(cls, built)
+
+
+def test_no_module_is_touched_to_decide() -> None:
+    """The function takes classes, never a module: CPython is asked of new instances of torch's
+    wrapper and of the mirror, which no one else sees."""
+    import inspect
+
+    assert list(inspect.signature(_wrapper_cls.make_wrapper_cls).parameters) == ["name", "bases", "namespace"]
+
+
+def test_torch_patch_adds_this_module_character_for_character() -> None:
+    """upstream/torch.patch is what upstream/make_patch.py writes from fsdp_autopatch/_wrapper_cls.py."""
+    generator = ROOT / "upstream" / "make_patch.py"
+    if not generator.is_file():
+        pytest.skip("upstream/ is not here (an installed wheel's tests): the checkout has it")
+    result = subprocess.run([sys.executable, str(generator), "--check"], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    patch = (ROOT / "upstream" / "torch.patch").read_text(encoding="utf-8")
+    added = [line[1:] for line in _new_file_hunk(patch)]
+    source = (ROOT / "fsdp_autopatch" / "_wrapper_cls.py").read_text(encoding="utf-8")
+    assert "".join(added) == source
+
+
+def _new_file_hunk(patch: str) -> list[str]:
+    lines = patch.splitlines(keepends=True)
+    start = lines.index("+++ b/torch/distributed/_wrapper_cls.py\n") + 2
+    hunk = []
+    for line in lines[start:]:
+        if not line.startswith("+"):
+            break
+        hunk.append(line)
+    return hunk

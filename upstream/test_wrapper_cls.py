@@ -1,0 +1,205 @@
+# Owner(s): ["oncall: distributed"]
+"""
+fully_shard, FSDP's replicate and composable DDP's replicate switch a module's
+class to ``make_wrapper_cls(name, (wrapper_cls, cls), namespace)``. Python
+refuses ``(wrapper_cls, cls)`` when ``cls`` puts a base with empty
+``__slots__`` ahead of ``nn.Module``; these modules must wrap and train, and
+every other module must keep exactly that class.
+"""
+
+import abc
+import collections.abc
+import copy
+import typing
+from typing import Generic, Protocol, TypeVar
+
+import torch
+import torch.nn as nn
+from torch.distributed._composable import replicate as ddp_replicate
+from torch.distributed._composable.replicate import DDP
+from torch.distributed._composable.replicate_with_fsdp import replicate, ReplicateModule
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.testing._internal.common_fsdp import FSDPTestMultiThread, MLP
+from torch.testing._internal.common_utils import run_tests
+
+
+T = TypeVar("T")
+
+
+class ABCFirstMLP(abc.ABC, MLP):
+    pass
+
+
+class SubclassOfABCFirstMLP(ABCFirstMLP):
+    pass
+
+
+class GenericFirstMLP(Generic[T], MLP):  # noqa: PYI059 (the shape under test)
+    pass
+
+
+class SizedFirstMLP(typing.Sized, MLP):
+    def __len__(self) -> int:
+        return 2
+
+
+class IterableFirstMLP(collections.abc.Iterable, MLP):
+    def __iter__(self):
+        return iter((self.in_proj, self.out_proj))
+
+
+class Proto(Protocol):
+    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class ProtocolFirstMLP(Proto, MLP):
+    def __init__(self, dim: int) -> None:
+        MLP.__init__(self, dim)  # a protocol's ``__init__`` does not chain to MLP's
+
+    forward = MLP.forward
+
+
+class ReshardingMLP(abc.ABC, MLP):
+    # A method of the module's that FSDPModule also defines: the wrapper's must
+    # win, as it does in ``(FSDPModule, cls)``.
+    def reshard(self) -> None:
+        raise AssertionError("the module's reshard shadows FSDPModule's")
+
+
+class ABCLastMLP(MLP, abc.ABC):
+    pass
+
+
+class ABCSequential(abc.ABC, nn.Sequential):
+    pass
+
+
+EMPTY_SLOTS_FIRST = (
+    ABCFirstMLP,
+    SubclassOfABCFirstMLP,
+    GenericFirstMLP,
+    SizedFirstMLP,
+    IterableFirstMLP,
+    ProtocolFirstMLP,
+)
+
+
+class TestWrapperCls(FSDPTestMultiThread):
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def _wrappers(self):
+        """(name, wrap function, wrapper class, prefix, the module class's MRO index)."""
+        mesh = init_device_mesh("cpu", (self.world_size,))
+        return (
+            ("fully_shard", lambda m: fully_shard(m, mesh=mesh), FSDPModule, "FSDP", 2),
+            (
+                "replicate",
+                lambda m: replicate(m, mesh=mesh),
+                ReplicateModule,
+                "Replicate",
+                3,
+            ),
+            ("ddp", ddp_replicate, DDP, "DDP", 2),
+        )
+
+    def test_empty_slots_first_modules_wrap(self):
+        for name, wrap, wrapper_cls, prefix, index in self._wrappers():
+            for cls in (*EMPTY_SLOTS_FIRST, ReshardingMLP):
+                with self.subTest(wrapper=name, cls=cls.__name__):
+                    module = wrap(cls(8))
+                    new_cls = type(module)
+                    self.assertEqual(new_cls.__name__, f"{prefix}{cls.__name__}")
+                    self.assertIsInstance(module, wrapper_cls)
+                    self.assertIs(new_cls.__mro__[index], cls)
+                    self.assertIs(type(new_cls), type(cls))
+                    if wrapper_cls is not DDP:
+                        self.assertIs(new_cls.reshard, FSDPModule.reshard)
+                        # One class per module class, as for any other module.
+                        self.assertIs(type(wrap(cls(8))), new_cls)
+                    with self.assertRaisesRegex(AssertionError, "deepcopy"):
+                        copy.deepcopy(module)
+
+    def test_mirrors_tell_themselves_apart(self):
+        for name, wrap, wrapper_cls, _, _ in self._wrappers():
+            with self.subTest(wrapper=name):
+                new_cls = type(wrap(GenericFirstMLP(8)))
+                names = [c.__qualname__ for c in new_cls.__mro__]
+                self.assertEqual(names.count(wrapper_cls.__qualname__), 1)
+                self.assertIn(f"Generic{wrapper_cls.__qualname__}", names)
+
+    def test_other_modules_keep_their_class(self):
+        for name, wrap, wrapper_cls, _, _ in self._wrappers():
+            for cls in (MLP, ABCLastMLP):
+                with self.subTest(wrapper=name, cls=cls.__name__):
+                    module = wrap(cls(8))
+                    self.assertEqual(type(module).__bases__, (wrapper_cls, cls))
+
+    def test_one_class_per_call(self):
+        for name, wrap, _, prefix, _ in self._wrappers():
+            with self.subTest(wrapper=name):
+                created = []
+
+                class Counted(MLP):
+                    def __init_subclass__(cls, **kwargs):
+                        super().__init_subclass__(**kwargs)
+                        created.append(cls.__name__)
+
+                class ABCFirstCounted(abc.ABC, Counted):
+                    pass
+
+                created.clear()
+                module = wrap(ABCFirstCounted(8))
+                self.assertEqual(created, [f"{prefix}ABCFirstCounted"])
+                self.assertIs(type(module).__mro__[0], type(module))
+
+    def test_sliced_container_keeps_its_class(self):
+        for name, wrap, _, _, _ in self._wrappers():
+            with self.subTest(wrapper=name):
+                seq = ABCSequential(MLP(8), MLP(8), MLP(8))
+                wrap(seq)
+                self.assertIs(type(seq[0:2]), ABCSequential)
+
+    def test_empty_slots_first_modules_train(self):
+        # The ranks are threads of one process: each draws from a generator of
+        # its own, so that all start from the same parameters and inputs.
+        gen = torch.Generator().manual_seed(42)
+        for name, wrap, _, _, _ in self._wrappers():
+            for cls in EMPTY_SLOTS_FIRST:
+                with self.subTest(wrapper=name, cls=cls.__name__):
+                    model = cls(8)
+                    with torch.no_grad():
+                        for param in model.parameters():
+                            param.copy_(torch.randn(param.shape, generator=gen))
+                    ref_model = copy.deepcopy(model)
+                    ref_optim = torch.optim.SGD(ref_model.parameters(), lr=1e-2)
+                    wrap(model)
+                    optim = torch.optim.SGD(model.parameters(), lr=1e-2)
+                    for _ in range(3):
+                        inp = torch.randn((4, 8), generator=gen)
+                        losses = []
+                        for _model, _optim in ((ref_model, ref_optim), (model, optim)):
+                            _optim.zero_grad()
+                            loss = _model(inp).sum()
+                            loss.backward()
+                            _optim.step()
+                            losses.append(loss.detach())
+                        self.assertEqual(losses[0], losses[1])
+
+    def test_compiled_empty_slots_first_module(self):
+        gen = torch.Generator().manual_seed(0)
+        for name, wrap, _, _, _ in self._wrappers():
+            with self.subTest(wrapper=name):
+                model = ABCFirstMLP(8)
+                with torch.no_grad():
+                    for param in model.parameters():
+                        param.copy_(torch.randn(param.shape, generator=gen))
+                wrap(model)
+                inp = torch.randn((4, 8), generator=gen)
+                self.assertEqual(torch.compile(model, backend="eager")(inp), model(inp))
+
+
+if __name__ == "__main__":
+    run_tests()
