@@ -161,9 +161,8 @@ def classes_benchmark(instances: int, models: int, mesh: Any) -> dict[str, Any]:
             sharded += len(before)
             for item, original in before:
                 wrappers.setdefault(original, set()).add(type(item))
-        # Classes alive, not garbage awaiting a collection: where CPython refuses torch's class,
-        # torch built it before the swap failed, and it lingers in a reference cycle (as it
-        # does without the package) until the collector runs.
+        # Classes alive, not garbage awaiting a collection (a class a construction hook refused
+        # lingers in a reference cycle until the collector runs).
         gc.collect()
         existing = subclasses(FSDPModule)
         report[name] = {
@@ -182,9 +181,9 @@ def classes_benchmark(instances: int, models: int, mesh: Any) -> dict[str, Any]:
             "first_fully_shard_seconds": seconds[0],
             "later_fully_shard_median_seconds": statistics.median(seconds[1:]) if count > 1 else None,
         }
-    from fsdp_autopatch import _patch
+    from fsdp_autopatch import _wrapper_cls
 
-    report["layout_mirror_classes"] = len(_patch._mirrors._mirrors)
+    report["layout_mirror_classes"] = len(_wrapper_cls._mirrors)
     report["cache_type"] = type(_fully_shard.cls_to_fsdp_cls).__name__
     return report
 
