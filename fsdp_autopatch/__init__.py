@@ -112,7 +112,9 @@ class FirstImportWatcher:
         return spec
 
     def hand_over(self) -> None:
-        """Register the hooks once, from a lent loader, then leave ``sys.meta_path``."""
+        """Register the hooks once, from a lent loader, then leave ``sys.meta_path``, unless the
+        hooks have no wrapt: then this watcher stays, and its loaders tell the hooks of each
+        watched import (``notify_loaded``), so that they can still tell the bug is here."""
         # Threads importing another watched module at the same moment wait here, in their
         # loaders, until the hooks are in place; they then tell the hooks themselves.
         with self._lock:
@@ -120,9 +122,10 @@ class FirstImportWatcher:
                 return
             self._started = True
             self._pending = False
-            register_hooks()
+            keep_watching = register_hooks()
             self._done = True
-            remove_watcher(self)
+            if not keep_watching:
+                remove_watcher(self)
 
     def after_fork_in_child(self) -> None:
         # The thread that held the lock, or was handing over, does not exist in the child:
@@ -222,14 +225,16 @@ def find_spec_after(watcher: object, fullname: str, path: object, target: object
     return None
 
 
-def register_hooks() -> None:
-    """Register the wrapt post-import hooks; never raises (the hooks module records failures)."""
+def register_hooks() -> bool:
+    """Register the wrapt post-import hooks; never raises (the hooks module records failures).
+    True where the hooks need the watcher's loaders instead (wrapt cannot be imported)."""
     try:
         from fsdp_autopatch import _config, _hooks
 
-        _hooks.watch(_config.mode_from_environment())
+        return _hooks.watch(_config.mode_from_environment())
     except Exception as error:  # a half-removed package must not break the user's import
         keep_error("registering the import hooks", error)
+        return False
 
 
 def notify_loaded(module: object) -> None:
@@ -263,7 +268,8 @@ def arm(route: str = START_FILE_ROUTE) -> None:
         names = WATCHED_MODULES if value in FORCE_VALUES else (*WATCHED_MODULES, TRANSFORMERS)
         if any(name in sys.modules for name in names):
             armed, armed_by = True, route
-            register_hooks()
+            if register_hooks():  # without wrapt: the watcher's loaders tell the hooks instead
+                sys.meta_path.insert(0, FirstImportWatcher(names))
             return
         sys.meta_path.insert(0, FirstImportWatcher(names))
         # Armed only once the watcher is in place: where this failed, a later route tries again.

@@ -18,6 +18,9 @@ OFF = "off"
 FORCE = "force"
 
 AUTO_VALUES = ("", "auto", "1", "on", "true")
+# The values, as the one line on a mistyped switch and doctor name them.
+MODE_VALUES_TEXT = ", ".join("|".join(filter(None, values))
+                             for values in (AUTO_VALUES, OFF_VALUES, FORCE_VALUES))
 LOG_LEVELS = ("debug", "info", "warning")
 
 _SHOWN_VALUE_LIMIT = 40
@@ -47,8 +50,7 @@ def parse_mode(raw: "str | None") -> Mode:
         return Mode(OFF, raw)
     if value in FORCE_VALUES:
         return Mode(FORCE, raw)
-    problem = ignoring(MODE_VARIABLE, text, "auto|1|on|true, 0|off|false|no|disable, force (running in "
-                       "auto mode)")
+    problem = ignoring(MODE_VARIABLE, text, f"{MODE_VALUES_TEXT} (running in auto mode)")
     return Mode(AUTO, raw, problem)
 
 

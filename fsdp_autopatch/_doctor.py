@@ -83,8 +83,9 @@ def check_installation() -> tuple[str, str]:
     if distribution is not None:
         return SOURCE_TREE, (f"{package.parent} is a source tree, not the installed fsdp-autopatch "
                              f"{installed} (run from another directory)")
+    python = sys.executable
     return SOURCE_TREE, (f"{package.parent} is a source tree, and fsdp-autopatch is not installed for "
-                         f"{sys.executable} (pip install . there, then run from another directory)")
+                         f"{python} (pip install . there; doctor answers from any other directory)")
 
 
 def installed_file(name: str) -> Optional[Path]:
@@ -351,11 +352,20 @@ def judge(report: DoctorReport) -> None:
             fact(True, answer["text"])
         elif answer["known"] is False or answer["doubt"]:
             unknown(answer["text"], needed)
+    # Under the off switch a route is there and arms nothing: said so, beside the switch's line.
+    switched_off = f", switched off by {_config.MODE_VARIABLE}={report.mode_value}"
     if report.startup_read:
         also = " (torch's plugin entry point also present)" if report.plugin_arms else ""
-        fact(True, f"armed at interpreter start by {Path(str(report.startup_file)).name}{also}")
+        name = Path(str(report.startup_file)).name
+        if report.mode == _config.OFF:
+            report.facts.append(Fact(IRRELEVANT, f"{name} read at interpreter start{switched_off}"))
+        else:
+            fact(True, f"armed at interpreter start by {name}{also}")
     elif report.plugin_arms:
-        fact(True, f"armed at import torch by torch's plugin entry point ({report.startup_detail})")
+        if report.mode == _config.OFF:
+            report.facts.append(Fact(IRRELEVANT, f"torch's plugin entry point at import torch{switched_off}"))
+        else:
+            fact(True, f"armed at import torch by torch's plugin entry point ({report.startup_detail})")
     else:
         unarmed, remedy = "nothing arms the patch", arming_remedy(report.plugin_detail)
         fact(False, f"not armed at interpreter start: {report.startup_detail}", cause=unarmed)
@@ -365,8 +375,14 @@ def judge(report: DoctorReport) -> None:
     switch = (f"{_config.MODE_VARIABLE} unset" if report.mode_value is None
               else f"{_config.MODE_VARIABLE}={report.mode_value!r}")
     off = f"{_config.MODE_VARIABLE}={report.mode_value} turns the patch off"
-    fact(report.mode != _config.OFF, f"switch: {report.mode} ({switch})" if report.mode != _config.OFF
-         else f"switch: {off}", f"unset {_config.MODE_VARIABLE} to let it run", off)
+    if report.mode_problem:  # whatever the rest: what was asked for is not what runs
+        unknown_value = f"{_config.MODE_VARIABLE}={report.mode_value!a} is not a switch value"
+        report.facts.append(Fact(FAILED, f"switch: {unknown_value} (running in auto mode)",
+                                 f"use one of {_config.MODE_VALUES_TEXT}", unknown_value))
+        report.problems.append(unknown_value)
+    else:
+        fact(report.mode != _config.OFF, f"switch: {report.mode} ({switch})" if report.mode != _config.OFF
+             else f"switch: {off}", f"unset {_config.MODE_VARIABLE} to let it run", off)
     if report.startup_error:
         fact(False, f"arming failed in this interpreter: {report.startup_error}",
              f"report it with the output of: {PROG} doctor --json", "arming failed")
@@ -406,6 +422,8 @@ def verdict(report: DoctorReport, forced: bool, needed: bool) -> tuple[str, str]
     cause = next((fact.cause for fact in report.facts if fact.mark == FAILED), "")
     if report.installation == SOURCE_TREE:  # nothing else describes an installation
         return CANNOT_TELL, f"CANNOT TELL: {report.installation_detail}"
+    if report.mode_problem:
+        return PROBLEM, f"PROBLEM: {cause}; use one of {_config.MODE_VALUES_TEXT}"
     if not needed:
         return OK, f"OK: nothing to fix: {pair_fact(report, forced)}"
     if cause and not report.in_matrix and not forced:
@@ -422,9 +440,10 @@ def verdict(report: DoctorReport, forced: bool, needed: bool) -> tuple[str, str]
 
 def run_doctor(options: argparse.Namespace, console: Console) -> int:
     report = diagnose()
-    for problem in (report.mode_problem, _config.log_level_from_environment()[1]):
-        if problem:
-            console.warning(problem)
+    # A mistyped FSDP_AUTOPATCH is a fact of its own below; a mistyped log level is said here.
+    log_problem = _config.log_level_from_environment()[1]
+    if log_problem:
+        console.warning(log_problem)
     if options.json:
         print(json.dumps(asdict(report)), flush=True)
         return report.exit_code

@@ -65,6 +65,8 @@ _lock = threading.RLock()
 _status: Optional[Status] = None  # None until watch() runs
 _decision: Optional[_matrix.Decision] = None  # for the versions loaded; only force reopens it
 _settled: set[str] = set()  # the APIs whose site was patched, or whose failure was said
+# Where wrapt cannot be imported: what keeps the fix from running, and the remedy.
+_without_wrapt: Optional[tuple[str, str]] = None
 # Set while watch() registers the hooks, which wrapt calls at once for a module already in
 # sys.modules: possibly half-run, by an import that started before the hooks existed.
 _registering = threading.local()
@@ -74,43 +76,55 @@ IMPORT_WAIT_SECONDS = 600.0
 
 def after_fork_in_child() -> None:
     """Called by the start-up module's one fork handler: a thread that held a lock at fork()
-    does not exist in the child, so nothing would release it."""
-    global _lock
+    does not exist in the child, so nothing would release it; a forked rank asks anew whether
+    it speaks for its node."""
+    global _lock, _speaker
     _lock = threading.RLock()
+    _speaker = None
     _patch.after_fork_in_child()
 
 
-def watch(mode: _config.Mode) -> None:
-    """Register the post-import hooks for ``mode``; later calls only ever raise the mode to force."""
-    global _status, _decision
+def watch(mode: _config.Mode) -> bool:
+    """Register the post-import hooks for ``mode``; later calls only ever raise the mode to force.
+    True where wrapt cannot be imported: the start-up module's watcher then tells the hooks of
+    each watched import instead (``notify_loaded``), only so that they can tell whether the bug
+    is here, and say it (the patch itself is installed by wrapt's hooks alone)."""
+    global _status, _decision, _without_wrapt
     import fsdp_autopatch
 
     fsdp_autopatch.register_fork_handler()
     with _lock:
         first = _status is None
         if not first and (mode.name != _config.FORCE or _status.mode == _config.FORCE):  # type: ignore[union-attr]
-            return
+            return _without_wrapt is not None
         if first:
             for problem in (mode.problem, _configure_logging()):
                 if problem:
                     _write_stderr(problem)
         if mode.name == _config.OFF:
             _status = Status(False, f"disabled by {_config.MODE_VARIABLE}={mode.raw}", mode.name)
-            return
+            return False
         if _status is not None and _status.applied:
             _status.mode = mode.name  # already patched: force changes nothing
-            return
+            return False
         _status = Status(False, _waiting_reason(mode.name), mode.name)
         _decision = None
+    names = _sites.WATCHED_MODULES if mode.name == _config.FORCE else (*_sites.WATCHED_MODULES, TRANSFORMERS)
     try:
         import wrapt
     except Exception as error:
         missing = isinstance(error, ModuleNotFoundError) and error.name == "wrapt"
-        _give_up("wrapt is not installed" if missing else
-                 f"wrapt cannot be imported ({type(error).__name__}: {error})",
-                 "pip install wrapt" if missing else "pip install --force-reinstall wrapt")
-        return
-    names = _sites.WATCHED_MODULES if mode.name == _config.FORCE else (*_sites.WATCHED_MODULES, TRANSFORMERS)
+        with _lock:
+            _without_wrapt = ("wrapt is not installed" if missing else
+                              f"wrapt cannot be imported ({type(error).__name__}: {error})",
+                              "pip install wrapt" if missing else "pip install --force-reinstall wrapt")
+            _status.reason = _with_problems(_status.reason)
+        logger.info("%s; %s", *_without_wrapt)
+        for name in names:  # what was imported before the hooks: told now, as wrapt would
+            module = sys.modules.get(name)
+            if module is not None:
+                on_import(module)
+        return True
     # Registered now, whatever is imported yet, so that wrapt sees every later import of them (in
     # any thread, in any order) and calls the hook once the module's body has run.
     _registering.active = True
@@ -121,9 +135,10 @@ def watch(mode: _config.Mode) -> None:
             except Exception as error:
                 _give_up(f"wrapt could not register an import hook for {name} ({type(error).__name__}: "
                          f"{error})", "pip install --force-reinstall wrapt")
-                return
+                return False
     finally:
         _registering.active = False
+    return False
 
 
 def on_import(module: object) -> None:
@@ -161,10 +176,13 @@ def _deferred(module: Any) -> bool:
 
 
 def notify_loaded(module: object) -> None:
-    """Run post-import hooks for a module wrapt's finder did not see being imported."""
+    """Run post-import hooks for a module wrapt's finder did not see being imported (or, without
+    wrapt, for every watched import, from the start-up module's loaders)."""
     wrapt = sys.modules.get("wrapt")
     if wrapt is not None:
         wrapt.notify_module_loaded(module)
+    elif _without_wrapt is not None:
+        on_import(module)
 
 
 def try_install(just_ran: Optional[object] = None) -> None:
@@ -213,7 +231,7 @@ def try_install(just_ran: Optional[object] = None) -> None:
             _status.in_matrix, _status.decided_by = _decision.in_matrix, _decision.decided_by
             _status.reason = _with_problems("".join((torch_note, transformers_note, _decision.reason)))
             # Whether the bug is here changes nothing in a run by itself: DEBUG, unless nobody can tell.
-            log = logger.warning if _decision.cannot_tell else logger.debug
+            log = logger.info if _decision.cannot_tell else logger.debug
             log("%spatching%s: %s", "" if _decision.apply else "not ", _decided_by(_decision), _status.reason)
             if _bug_here() and _problems:
                 api, (problem, remedy) = next(iter(_problems.items()))
@@ -222,6 +240,12 @@ def try_install(just_ran: Optional[object] = None) -> None:
                 _say_cannot_fix(None, _decision.reason)
             if not _decision.apply:
                 return
+        if _without_wrapt is not None:
+            # Here the patch would be installed: the bug is here (torch and CPython asked), and
+            # what would install it is missing. The one line, where it matters only.
+            _settled.update(loaded)
+            _say_cannot_fix(None, *_without_wrapt)
+            return
         for api, construction in loaded.items():
             if construction is None:
                 continue
@@ -264,7 +288,7 @@ def _site_failed(api: str, problem: str, remedy: str) -> None:
     _problems[api] = (problem, remedy)
     if _status is not None:
         _status.reason += f"; {_unpatched(api, problem, remedy)}"
-    logger.warning("%s", _unpatched(api, problem, remedy))
+    logger.info("%s", _unpatched(api, problem, remedy))
     if _bug_here():
         _say_cannot_fix(api, problem, remedy)
 
@@ -279,7 +303,9 @@ def _unpatched(api: str, problem: str, remedy: str) -> str:
 
 
 def _with_problems(reason: str) -> str:
-    return "; ".join((reason, *(_unpatched(api, *problem) for api, problem in _problems.items())))
+    """``reason``, after wrapt's problem where it cannot be imported, and with each API's."""
+    return "; ".join((*(_without_wrapt or ()), reason,
+                      *(_unpatched(api, *problem) for api, problem in _problems.items())))
 
 
 def _torch_without_fsdp2(torch_version: Optional[str], just_ran: Optional[object]) -> Optional[str]:
@@ -381,7 +407,7 @@ def _give_up(problem: str, remedy: str) -> None:
         _status.applied = False
         _status.reason = reason
         _decision = _matrix.Decision(False, reason, None)
-    logger.warning("%s", reason)
+    logger.info("%s", reason)
     try:
         bug = decided or _matrix.decide(_status.mode, *map(_installed_version, ("torch", TRANSFORMERS)))
     except Exception:  # an unreadable version: nothing to say
@@ -418,20 +444,91 @@ def _say_cannot_fix(api: Optional[str], problem: str, remedy: str = "") -> None:
                   + (f" ({remedy})" if remedy else ""))
 
 
-# torchrun, torch.multiprocessing and accelerate number the processes of a node from 0 in
-# LOCAL_RANK: the first speaks for them all.
+# torchrun and accelerate number the processes of a node from 0 in LOCAL_RANK: only 0 may speak.
 LOCAL_RANK_VARIABLE = "LOCAL_RANK"
+# Whether this process speaks for its node; None until it first has something to say.
+_speaker: Optional[bool] = None
 
 
 def _write_stderr(line: str) -> None:
     """One line on stderr, if there is one (pythonw and some services have ``sys.stderr = None``),
-    from the first process of a node only."""
+    from the one process that speaks for its launch on this machine (``_speaks``)."""
     stream = sys.stderr
-    if stream is None or os.environ.get(LOCAL_RANK_VARIABLE, "0").strip() not in ("", "0"):
+    if stream is None or not _speaks():
         return
     try:
         stream.write(line + "\n")
     except Exception:  # a closed or unencodable stream must not keep the hooks from registering
+        pass
+
+
+def _speaks() -> bool:
+    """Does this process speak for its node? Not where ``LOCAL_RANK`` names another process;
+    else the first living child of its parent to ask: the ranks of one torchrun agent,
+    ``torch.multiprocessing.spawn`` or ``start_processes``, or Ray's raylet on a machine share a
+    parent, and ranks that set no ``LOCAL_RANK`` (or set it late) are told apart so. A marker
+    file per parent process (its pid and start time) names the speaker; a run after it has
+    ended speaks again. Where the marker cannot be kept, every process speaks."""
+    global _speaker
+    if os.environ.get(LOCAL_RANK_VARIABLE, "0").strip() not in ("", "0"):
+        return False
+    if _speaker is None:
+        try:
+            _speaker = _claim_speaker()
+        except Exception:  # no temporary directory, a read-only one: better twice than never
+            _speaker = True
+    return _speaker
+
+
+def _claim_speaker() -> bool:
+    import atexit
+    import tempfile
+
+    parent = os.getppid()
+    directory = os.path.join(tempfile.gettempdir(), f"fsdp-autopatch-{getattr(os, 'getuid', lambda: '')()}")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    marker = os.path.join(directory, f"speaker-{parent}-{_start_time(parent)}")
+    try:
+        handle = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        with open(marker, encoding="ascii") as existing:
+            speaker = existing.read().strip()
+        if speaker.isdigit() and _alive(int(speaker)):
+            return False
+        handle = os.open(marker, os.O_WRONLY | os.O_TRUNC)  # its speaker has gone: a new run
+    with os.fdopen(handle, "w", encoding="ascii") as claimed:
+        claimed.write(str(os.getpid()))
+    atexit.register(_release, marker, os.getpid())
+    return True
+
+
+def _start_time(pid: int) -> str:
+    """When process ``pid`` started, in clock ticks since boot (Linux), so that a reused pid is
+    another parent; "" where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # alive, another user's
+        return True
+    return True
+
+
+def _release(marker: str, pid: int) -> None:
+    """The speaker leaves: the next run of its parent speaks (a child forked later is not it)."""
+    if os.getpid() != pid:
+        return
+    try:
+        os.unlink(marker)
+    except OSError:
         pass
 
 

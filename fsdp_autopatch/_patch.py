@@ -153,8 +153,8 @@ def _record(construction: Construction, cls: type, built: type) -> None:
         logger.info("built %s on %s for %s at %s: CPython refuses torch's own class for it",
                     record.wrapper, parent_name, original, site)
     elif outcome == _layout.REFUSED:
-        logger.warning("cannot build a layout-compatible %s for %s at %s (%s): torch will raise its "
-                       "own error for it", record.wrapper, original, site, reason)
+        logger.info("cannot build a layout-compatible %s for %s at %s (%s): torch will raise its own "
+                    "error for it", record.wrapper, original, site, reason)
     else:
         logger.debug("left %s to torch at %s: CPython accepts torch's own %s", original, site,
                      record.wrapper)

@@ -56,6 +56,10 @@ def main(argv: list[str]) -> int:
     if "--package-first" in argv or "--torch-inside-package-import" in argv:
         import fsdp_autopatch
     import torch
+
+    # What of the package's the route imported, before this program imports it below.
+    ours = sorted(name for name in sys.modules
+                  if name.split(".")[0] in ("fsdp_autopatch", "_fsdp_autopatch_plugin"))
     import transformers  # noqa: F401 (an affected release arms the patch in auto mode)
     from torch import nn
     from torch.distributed._composable.replicate import replicate
@@ -78,7 +82,8 @@ def main(argv: list[str]) -> int:
             errors[name] = str(error)
     status = fsdp_autopatch.status()
     print(json.dumps({"armed_by": fsdp_autopatch.armed_by, "deferred": fsdp_autopatch.arm_when_imported,
-                      "applied": status.applied, "sites": list(status.sites), "errors": errors}))
+                      "applied": status.applied, "sites": list(status.sites), "errors": errors,
+                      "imported_by_import_torch": ours}))
     torch.distributed.destroy_process_group()
     return 0
 

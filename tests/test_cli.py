@@ -250,18 +250,31 @@ def test_doctors_exit_code_is_its_verdict(installed: Path, real_torch: dict[str,
         "PROBLEM: the layout bug will not be fixed here: FSDP_AUTOPATCH=0 turns the patch off")
     assert shown.stdout.splitlines()[-3:-1] == [" FAIL  switch: FSDP_AUTOPATCH=0 turns the patch off",
                                                 "        unset FSDP_AUTOPATCH to let it run"]
+    # The route is there and switched off: never "ok  armed" above the switch's FAIL.
+    assert not any(line.startswith("   ok  armed") for line in shown.stdout.splitlines())
+    assert "   --  fsdp_autopatch.pth read at interpreter start, switched off by FSDP_AUTOPATCH=0" \
+        in shown.stdout.splitlines()
     report = one_object(run_cli("doctor", "--json", env=disabled).stdout)
     assert (report["mode"], report["in_matrix"], report["would_apply"]) == ("off", True, False)
     # --strict, once needed for this, is still accepted and changes nothing.
     assert run_cli("doctor", "--strict", env=disabled).returncode == 1
 
 
-def test_doctor_warns_about_a_bad_switch_value_and_runs_in_auto_mode(installed: Path) -> None:
+def test_doctor_fails_on_a_value_that_is_not_a_switch_value(installed: Path) -> None:
+    """What the user asked for is not what runs: a FAIL line with the accepted values, never
+    ``ok switch: auto`` under a warning, and the exit code follows."""
     result = run_cli("doctor", "--json", env=environment(FSDP_AUTOPATCH="sometimes"))
-    assert result.returncode == 0
-    assert result.stderr == _config.parse_mode("sometimes").problem + "\n"
+    assert result.returncode == 1 and result.stderr == ""
     report = one_object(result.stdout)
-    assert (report["mode"], report["mode_value"], report["problems"]) == ("auto", "sometimes", [])
+    assert (report["mode"], report["mode_value"]) == ("auto", "sometimes")
+    assert report["problems"] == ["FSDP_AUTOPATCH='sometimes' is not a switch value"]
+    shown = run_cli("doctor", env=environment(FSDP_AUTOPATCH="sometimes"))
+    lines = shown.stdout.splitlines()
+    assert shown.returncode == 1 and not any(line.strip().startswith("ok  switch") for line in lines)
+    assert " FAIL  switch: FSDP_AUTOPATCH='sometimes' is not a switch value (running in auto mode)" in lines
+    assert f"        use one of {_config.MODE_VALUES_TEXT}" in lines
+    assert lines[-1] == ("PROBLEM: FSDP_AUTOPATCH='sometimes' is not a switch value; use one of "
+                         f"{_config.MODE_VALUES_TEXT}")
 
 
 @pytest.mark.slow

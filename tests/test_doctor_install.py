@@ -48,7 +48,7 @@ def test_doctor_on_a_source_tree_without_an_installation_cannot_tell_and_says_to
     shown = doctor_in(python, checkout)
     assert shown.returncode == 2, shown.stderr  # the exit code is the verdict
     detail = (f"{checkout} is a source tree, and fsdp-autopatch is not installed for {python} (pip install . "
-              "there, then run from another directory)")
+              "there; doctor answers from any other directory)")
     assert shown.stdout.splitlines()[-1] == f"CANNOT TELL: {detail}"
     assert f"   ??  {detail}" in shown.stdout.splitlines()
     report = one_object(doctor_in(python, checkout, "--json").stdout)

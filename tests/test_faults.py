@@ -97,6 +97,11 @@ def test_wrapt_unusable_without_torch(tmp_path: Path, installed: Path, fault: st
     fake_transformers(env.site)
     started = env.run()
     assert (started.returncode, started.stderr) == (0, "")
+    # Only where the patch would have been installed: transformers alone (an inference worker)
+    # or FSDP2 alone imports nothing that wraps an affected head, so nothing is said.
+    for alone in ("import transformers", "import torch.distributed.fsdp"):
+        quiet = env.run(alone)
+        assert (quiet.returncode, own_lines(quiet.stderr)) == (0, []), (alone, quiet.stderr)
     result = env.run(f"import torch.distributed.fsdp, transformers\n{STATUS}")
     status = status_after(result)
     missing = fault == "missing"
@@ -107,9 +112,9 @@ def test_wrapt_unusable_without_torch(tmp_path: Path, installed: Path, fault: st
     remedy = "pip install wrapt" if missing else "pip install --force-reinstall wrapt"
     assert own_lines(result.stderr) == cannot_fix(f"{cause} ({remedy})")
     # Asked for, the log says it too.
-    logged = env.run("import torch.distributed.fsdp", FSDP_AUTOPATCH_LOG="warning")
+    logged = env.run("import torch.distributed.fsdp", FSDP_AUTOPATCH_LOG="info")
     assert logged.returncode == 0
-    warned = f"fsdp-autopatch WARNING: {cause}"
+    warned = f"fsdp-autopatch INFO: {cause}"
     assert [line for line in warning_lines(logged.stderr) if line.startswith(warned)]
 
 
@@ -177,8 +182,8 @@ def test_log_variable_garbage(tmp_path: Path, installed: Path, value: str) -> No
     # ASCII, and cut short: a value of 100,000 characters is shown by its first 40.
     assert all(line.isascii() and len(line) < 400 for line in own_lines(result.stderr))
     assert "WARNING" not in result.stderr
-    control = env.run("import torch.distributed.fsdp", FSDP_AUTOPATCH_LOG="warning")
-    assert "fsdp-autopatch WARNING: wrapt is not installed" in control.stderr
+    control = env.run("import torch.distributed.fsdp", FSDP_AUTOPATCH_LOG="info")
+    assert "fsdp-autopatch INFO: wrapt is not installed" in control.stderr
 
 
 FLAG_CASES = {
@@ -529,7 +534,9 @@ def test_wrapt_unusable_real_imports(
     cause, remedy = (("wrapt is not installed", "pip install wrapt") if fault == "missing" else
                      ("wrapt cannot be imported (RuntimeError: wrapt is broken)",
                       "pip install --force-reinstall wrapt"))
-    assert report["status"]["reason"] == f"{cause}; {remedy}"
+    # The cause first, then what the probe found: torch asked, not the version rows.
+    assert report["status"]["reason"].startswith(f"{cause}; {remedy}; ")
+    assert ("(probed)" in report["status"]["reason"]) is layout_bug_here()
     said = [f"fsdp-autopatch: cannot fix the layout bug for ABC modules here: {cause} ({remedy})"]
     assert own_lines(result.stderr) == said[:layout_bug_here()] and "Traceback" not in result.stderr
     # Under a launcher, the first process of a node speaks for it: the others say nothing.
@@ -646,7 +653,7 @@ def spoken(stderr: str) -> list[str]:
 def test_the_fix_raising(unpatched: dict[str, Any]) -> None:
     """A failure of the fix itself leaves fully_shard to fail exactly as torch would: the
     self-check meets it first, so the status says unpatched, and the log says why."""
-    report, result = shard("mirror", FSDP_AUTOPATCH_LOG="warning")
+    report, result = shard("mirror", FSDP_AUTOPATCH_LOG="info")
     assert report["result"]["sharded"] is unpatched["sharded"]
     assert report["result"].get("error") == unpatched.get("error")
     if layout_bug_here():  # a class was needed, and the log that was asked for says why there is none

@@ -10,6 +10,7 @@ import abc
 import gc
 import importlib.util
 import inspect
+import os
 import sys
 import threading
 import types
@@ -464,3 +465,11 @@ def test_a_builder_in_the_entrys_own_module_builds_inline_not_as_a_shared_helper
     finally:
         sys.modules.pop(module.__name__, None)
         sys.modules.pop("torch_helper_stand_in", None)
+
+
+def test_a_frame_is_the_packages_only_when_its_file_is_in_the_package_directory() -> None:
+    """A user's ``site-packages/fsdp_autopatch_userhooks/`` keeps its frames in tracebacks."""
+    directory = os.path.dirname(_patch.__file__)
+    assert _patch._is_own(_patch.__file__) and _patch._is_own(os.path.join(directory, "_wrapper_cls.py"))
+    neighbour = os.path.join(os.path.dirname(directory), "fsdp_autopatch_userhooks", "hooks.py")
+    assert not _patch._is_own(neighbour)

@@ -96,8 +96,12 @@ def test_armed_by_torchs_plugin_route_where_no_start_up_file_is_read(
 def test_either_switch_keeps_the_plugin_route_from_arming(
     layouts: dict[str, str], switch: dict[str, str]
 ) -> None:
-    """The package's switch works there as under the .pth; torch's turns its whole group off."""
-    assert_unpatched(arm_route(layouts["target"], **switch))
+    """The package's switch works there as under the .pth, and imports nothing of the package:
+    the entry point's module reads it first. torch's switch turns its whole group off."""
+    report = arm_route(layouts["target"], **switch)
+    assert_unpatched(report)
+    expected = ["_fsdp_autopatch_plugin"] if "FSDP_AUTOPATCH" in switch else []
+    assert report["imported_by_import_torch"] == expected
 
 
 TORCH_ALONE = Path(__file__).with_name("torch_alone_imports.py")
@@ -164,15 +168,19 @@ def test_import_torch_survives_every_fault_of_the_plugin_route(
     variables = {"FSDP_AUTOPATCH": "yes please"} if fault == "junk switch" else {}
     code = "import torch, torch.distributed.fsdp; print('ok')"
     result = env.run(code, **variables)
-    # At most one line (at the FSDP2 import, not at torch's): the switch ignored, or, where the
-    # stand-in pair has the bug, why it cannot be fixed.
-    said = fault in ("junk switch", "wrapt missing")
+    # At most one line (at the FSDP2 import, not at torch's): the switch ignored. Without wrapt,
+    # nothing yet: no affected transformers is imported, so the patch would not be installed.
+    said = fault == "junk switch"
     assert_import_torch_works(result, max_lines=1 if said else 0)
     assert result.stdout == "ok\n"
     if fault == "junk switch":
         (line,) = own_lines(result.stderr)
         assert line.startswith("fsdp-autopatch: ignoring FSDP_AUTOPATCH=")
     if fault == "wrapt missing":
+        assert own_lines(result.stderr) == []
+        # With transformers too, where the stand-in pair has the bug: why it cannot be fixed.
+        result = env.run("import torch, torch.distributed.fsdp, transformers; print('ok')")
+        assert_import_torch_works(result, max_lines=1)
         bug = _matrix.decide(_config.AUTO, "2.13.0", "4.55.2").apply  # the stand-in pair, on this Python
         assert own_lines(result.stderr) == ["fsdp-autopatch: cannot fix the layout bug for ABC modules here: "
                                             "wrapt is not installed (pip install wrapt)"][:bug]

@@ -23,6 +23,7 @@ from conftest import (
     environment,
     json_lines,
     layout_bug_here,
+    own_lines,
 )
 from harness import RANKS, torchrun
 
@@ -35,9 +36,12 @@ HERE = Path(__file__).parent
 RANK_STEP, LAUNCH = HERE / "rank_step.py", HERE / "launch.py"
 
 
-def launch(where: Path, launcher: str, **variables: Optional[str]) -> dict[int, dict[str, dict[str, Any]]]:
+Ranks = dict[int, dict[str, dict[str, Any]]]
+
+
+def launch(where: Path, launcher: str, **variables: Optional[str]) -> tuple[Ranks, str]:
     """Start a two-rank job with ``launcher`` (tests/rank_step.py's ranks, started by torchrun
-    or by tests/launch.py); per rank, its JSON line for each head."""
+    or by tests/launch.py); per rank, its JSON line for each head, and the job's stderr."""
     if launcher == "torchrun":
         result = torchrun(RANK_STEP, env=environment(LAUNCHER=launcher, **variables), cwd=where,
                           timeout=JOB_TIMEOUT)
@@ -48,7 +52,7 @@ def launch(where: Path, launcher: str, **variables: Optional[str]) -> dict[int, 
     output = f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
     assert result.returncode == 0, output
     lines = json_lines(result.stdout)
-    ranks: dict[int, dict[str, dict[str, Any]]] = {}
+    ranks: Ranks = {}
     for line in lines:
         if line["launcher"] == launcher:
             ranks.setdefault(line["rank"], {})[line["model"]] = line
@@ -63,7 +67,7 @@ def launch(where: Path, launcher: str, **variables: Optional[str]) -> dict[int, 
         assert parent["codes"] == [0] * RANKS, output
         # The launcher never imported FSDP2: whatever patched the ranks happened in the ranks.
         assert not parent["status"]["applied"], parent
-    return ranks
+    return ranks, result.stderr
 
 
 LAUNCHERS = ["spawn", "fork", "torchrun", "subprocess"]
@@ -74,7 +78,9 @@ def test_every_rank_is_patched(tmp_path: Path, real_torch: dict[str, str], launc
     """Each rank shards and trains the three affected heads like the unsharded model, with
     ours where CPython refuses torch's class and torch's own where it does not."""
     bug = layout_bug_here()
-    for models in launch(tmp_path, launcher).values():
+    ranks, stderr = launch(tmp_path, launcher)
+    assert own_lines(stderr) == [], "the fix runs: nothing to say"
+    for models in ranks.values():
         for result in models.values():
             # Decided in the rank itself: patched where the bug is, standing aside where it is not.
             assert result["status"]["applied"] is bug, result
@@ -91,10 +97,35 @@ def test_the_switch_in_the_launchers_environment_reaches_every_rank(
 ) -> None:
     """The operator's switch in the launcher's environment reaches every rank: the bug is back."""
     bug = layout_bug_here()
-    for models in launch(tmp_path, launcher, FSDP_AUTOPATCH="0").values():
+    for models in launch(tmp_path, launcher, FSDP_AUTOPATCH="0")[0].values():
         for result in models.values():
             assert not result["status"]["applied"] and result["status"]["mode"] == "off", result
             if bug:
                 assert not result["sharded"] and LAYOUT_ERROR in result["error"], result
             else:
                 assert result["sharded"] and result["upstream_bases"] is True, result
+
+
+# The launcher the issue met (torch.multiprocessing's spawn sets no LOCAL_RANK) in the README's
+# tests; every other in CI's tier.
+@pytest.mark.parametrize("launcher", [LAUNCHERS[0], *ci_tier(*LAUNCHERS[1:])])
+def test_one_line_per_node_where_the_fix_cannot_run(
+    tmp_path: Path, real_torch: dict[str, str], launcher: str
+) -> None:
+    """wrapt missing in every rank, and each rank's script calling ``logging.basicConfig()`` as
+    training scripts do: the job says why the fix cannot run once, where the bug is, whether
+    its launcher sets ``LOCAL_RANK`` (torchrun) or not (spawn, fork, a plain subprocess); the
+    log's record of it stays below the script's level."""
+    missing = tmp_path / "without wrapt"
+    missing.mkdir()
+    (missing / "wrapt.py").write_text('raise ModuleNotFoundError("No module named wrapt", name="wrapt")\n')
+    ranks, stderr = launch(tmp_path, launcher, PYTHONPATH=str(missing),
+                           TRAINING_SCRIPT_LOGGING="basicConfig")
+    line = ("fsdp-autopatch: cannot fix the layout bug for ABC modules here: wrapt is not installed "
+            "(pip install wrapt)")
+    assert own_lines(stderr) == [line][:layout_bug_here()], stderr[-3000:]
+    # basicConfig's format is LEVEL:logger:message: none of the package's records reach it.
+    assert ":fsdp_autopatch:" not in stderr, stderr[-3000:]
+    for models in ranks.values():
+        for result in models.values():
+            assert not result["status"]["applied"] and result["status"]["reason"].startswith("wrapt is not")

@@ -83,7 +83,11 @@ def test_pth_is_the_documented_line(installed: Path) -> None:
     assert "environ" in ast.dump(switch)
     (off_values,) = [n for n in ast.walk(switch) if isinstance(n, ast.Tuple)]
     # The line, the start-up module (for a .start file) and the parser agree on what "off" is.
-    assert tuple(ast.literal_eval(off_values)) == fsdp_autopatch.OFF_VALUES == _config.OFF_VALUES
+    import _fsdp_autopatch_plugin
+
+    assert tuple(ast.literal_eval(off_values)) == fsdp_autopatch.OFF_VALUES == _config.OFF_VALUES \
+        == _fsdp_autopatch_plugin.OFF_VALUES
+    assert _fsdp_autopatch_plugin.MODE_VARIABLE == fsdp_autopatch.MODE_VARIABLE
     assert _config.parse_mode(fsdp_autopatch.FORCE_VALUES[0]).name == _config.FORCE
     # exec of a string literal: what it runs is fixed in the file, never taken from outside.
     assert isinstance(bootstrap, ast.Call) and ast.unparse(bootstrap.func) == "exec"

@@ -169,6 +169,16 @@ def test_the_package_stands_aside_for_the_patched_torch(
         key: (result["wrapped"], result.get("class")) for key, result in patched_off.items()}
 
 
+def test_a_torch_with_the_fix_says_nothing_without_wrapt(patched_torch: Path, tmp_path: Path) -> None:
+    """wrapt missing, where torch builds accepted classes itself: every wrap succeeds, and the
+    package says nothing (torch was asked, not the version rows)."""
+    (tmp_path / "wrapt.py").write_text('raise ModuleNotFoundError("No module named wrapt", name="wrapt")\n')
+    statuses, results, stderr = wrap_everything(patched_torch, PYTHONPATH=str(tmp_path))
+    assert own_lines(stderr) == [], stderr[-3000:]
+    assert all(result["wrapped"] for result in results.values())
+    assert all(line["status"]["reason"].startswith("wrapt is not installed") for line in statuses)
+
+
 def test_doctor_and_verify_say_nothing_needs_fixing(patched_torch: Path) -> None:
     doctor = run(["-m", "fsdp_autopatch", "doctor"], patched_torch)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
