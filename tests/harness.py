@@ -53,6 +53,8 @@ MEGATRON_FSDP_PIN = "0.6.1"
 # The frameworks tests/stacks/ runs around a sharded model, as the stacks session installs them.
 STACKS_PINS = {
     "accelerate": "1.10.1", "trl": "0.21.0", "peft": "0.17.1", "datasets": "5.0.1", "verl": "0.6.1",
+    # verl asks for ray[default]>=2.41.0; tests/stacks/test_ray.py runs on this one.
+    "ray": "2.60.0",
     # verl pins numpy < 2; pyarrow from 22 on needs numpy 2 at import time (pip does not know).
     "pyarrow": "21.0.0",
 }

@@ -152,7 +152,7 @@ def stacks(session: nox.Session) -> None:
     """accelerate, TRL, PEFT, verl, DCP, meta init and torch.compile around sharded reward models
     and critics, each with the package on and off (tests/stacks/).
 
-    ``-- ci``: only the cases CI runs (marker ``stacks_ci``: accelerate, DCP, torch.compile).
+    ``-- ci``: only the cases CI runs (marker ``stacks_ci``: accelerate, DCP, torch.compile, Ray).
     ``-- --docs``: write the "Works with" table of docs/works-with.md (only after a run of every
     case; ``--readme`` is its older name).
     """
@@ -166,8 +166,8 @@ def stacks(session: nox.Session) -> None:
     if ci:
         args.remove("ci")
         args += ["-m", "stacks_ci"]
-    # The CI cases need accelerate only; verl alone brings ray, wandb and tensordict.
-    install_torch_stack(session, *requirements(*(("accelerate",) if ci else STACKS_PINS)))
+    # The CI cases need accelerate and ray only; verl alone brings wandb and tensordict.
+    install_torch_stack(session, *requirements(*(("accelerate", "ray") if ci else STACKS_PINS)))
     install_wheel(session, "pytest")
     session.run("pytest", *REPORTING, "tests/stacks", *args, env=env)
 

@@ -42,7 +42,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> Optio
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "stacks_ci: the stacks cases CI runs (accelerate, DCP, torch.compile)")
+        "markers", "stacks_ci: the stacks cases CI runs (accelerate, DCP, torch.compile, Ray)")
     config.stash[_RESULTS] = {}
 
 

@@ -65,6 +65,12 @@ ROWS = (
         "a user's value head, `class Head(ABC, nn.Module)` or `class Head(Generic[T], nn.Module)`, "
         "inside a causal LM and sharded as its own unit by `apply_fsdp2`, trained",
         "test_verl.py::test_non_root_abc_module"),
+    Row("Ray", "ray",
+        "two actors of a local Ray cluster (started by the raylet; each sets `RANK` and `LOCAL_RANK` "
+        "in `__init__`, as verl and OpenRLHF do) form a gloo group and shard a sequence-classification "
+        "reward model with FSDP2, trained; then `runtime_env={\"env_vars\": {\"FSDP_AUTOPATCH\": \"0\"}}`; "
+        "then wrapt missing on the actors",
+        "test_ray.py::test_ray_actors_shard_and_train_an_affected_head"),
     Row("torch.distributed.checkpoint", "torch",
         "`dcp.save` / `dcp.load` of a sharded reward model's model and AdamW state into a model "
         "built from other weights",
