@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=DOCTOR_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     doctor.add_argument("--json", action="store_true", help="print one JSON object with every fact")
-    doctor.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)  # the default now
+    doctor.add_argument("--strict", action="store_true",
+                        help="as in 0.2.0; the exit code is always the verdict now")
     doctor.set_defaults(run=_doctor.run_doctor)
 
     verify = commands.add_parser(

@@ -9,7 +9,7 @@ from importlib import metadata
 from typing import IO, Optional
 
 PROG = DISTRIBUTION = "fsdp-autopatch"
-PACKAGES = ("torch", "transformers")
+TRAINING_PACKAGES = ("torch", "transformers")
 # pyproject.toml's [project.urls] Source (tests/test_cli_help.py keeps them in step). The package
 # is not on PyPI: a bare "pip install fsdp-autopatch" would find nothing, or someone else's
 # upload, so every install the command suggests names the repository.
@@ -21,7 +21,7 @@ REINSTALL_COMMAND = INSTALL_COMMAND.replace("install", "install --force-reinstal
 # 2: no verdict (doctor's CANNOT TELL, verify cannot run here, a usage error, argparse's 2 too).
 # 130 and 141: what a shell reports for a command stopped by Ctrl-C (128 + SIGINT) or cut off by
 # its reader (128 + SIGPIPE, which Python ignores: the command says it with its code).
-EXIT_OK, EXIT_BROKEN, EXIT_CANNOT_TELL, EXIT_INTERRUPTED, EXIT_CLOSED_PIPE = 0, 1, 2, 130, 141
+EXIT_OK, EXIT_NOT_FIXED, EXIT_CANNOT_TELL, EXIT_INTERRUPTED, EXIT_CLOSED_PIPE = 0, 1, 2, 130, 141
 COLOURS = {"green": "32", "red": "31", "yellow": "33", "bold": "1", "dim": "2"}
 
 

@@ -28,7 +28,7 @@ from fsdp_autopatch._console import PROG, Console, installed_version
 
 PLUGIN_GROUP = "torch.backends"
 OK, PROBLEM, CANNOT_TELL = "OK", "PROBLEM", "CANNOT TELL"
-EXIT_CODE = {OK: _console.EXIT_OK, PROBLEM: _console.EXIT_BROKEN, CANNOT_TELL: _console.EXIT_CANNOT_TELL}
+EXIT_CODE = {OK: _console.EXIT_OK, PROBLEM: _console.EXIT_NOT_FIXED, CANNOT_TELL: _console.EXIT_CANNOT_TELL}
 # A fact's mark: fine, a problem, files cannot tell, a problem that does not matter here.
 GOOD, FAILED, UNKNOWN, IRRELEVANT = "ok", "FAIL", "??", "--"
 PROOF = f"Proof: {PROG} verify"  # the one caveat, said once, on the verdict line
@@ -187,7 +187,7 @@ def compile_module(path: Path) -> Compiled:
     return names, functions
 
 
-def check_layout(api: str, torch_version: Optional[str]) -> dict[str, Any]:
+def find_site(api: str, torch_version: Optional[str]) -> dict[str, Any]:
     """Whether torch (or the API's distribution) has one of the API's sites, by the patch's own
     bytecode check (``_sites.shape_problem``) on its source files. ``known``: True, a site; False,
     a layout unknown to this version; None, nothing to tell, or, ``doubt``, unreadable files."""
@@ -263,7 +263,7 @@ class DoctorReport:
     mode_problem: Optional[str]
     in_matrix: Optional[bool]  # the version rows: the pair has the bug on this Python; None: no row
     reason: str
-    sites: list[dict[str, Any]]  # per API, check_layout's answer
+    sites: list[dict[str, Any]]  # per API, find_site's answer
     pth_installed: Optional[str]
     start_installed: Optional[str]
     startup_file: Optional[str]  # the one this Python uses
@@ -286,7 +286,7 @@ class DoctorReport:
 def diagnose() -> DoctorReport:
     mode = _config.mode_from_environment()
     kind, detail = check_installation()
-    torch_version, transformers_version = (installed_version(name) for name in _console.PACKAGES)
+    torch_version, transformers_version = (installed_version(name) for name in _console.TRAINING_PACKAGES)
     try:
         import wrapt
 
@@ -306,7 +306,7 @@ def diagnose() -> DoctorReport:
         installation=kind, installation_detail=detail, torch=torch_version, transformers=transformers_version,
         wrapt=wrapt_version, wrapt_error=wrapt_error, mode=mode.name, mode_value=mode.raw,
         mode_problem=mode.problem or None, in_matrix=pair.in_matrix, reason=pair.reason,
-        sites=[check_layout(api, torch_version) for api in _sites.APIS],
+        sites=[find_site(api, torch_version) for api in _sites.APIS],
         pth_installed=pth and str(pth), start_installed=start and str(start), startup_read=startup_read,
         startup_file=startup_file and str(startup_file), startup_detail=startup_detail,
         plugin_arms=plugin_arms, plugin_detail=plugin_detail,

@@ -4,8 +4,9 @@ wrapt post-import hooks fire in either import order, for modules imported before
 registered, and from any thread. Each hook calls ``try_install``, which under one lock checks
 whether everything needed is now loaded, asks torch and CPython whether the bug is here (the
 version matrix answers where they cannot be asked), and installs the patch at every site of
-``_sites`` that the loaded torch has: FSDP2 ``fully_shard``, FSDP2 ``replicate`` and composable
-DDP ``replicate``, each as soon as its module is imported.
+``_sites`` that the loaded torch (or megatron-fsdp) has, each as soon as its module is imported.
+Without wrapt, the start-up module's watcher tells the hooks of each watched import instead, so
+that they decide as they would, and say so where the fix cannot run.
 Nothing here lets an exception reach the user's ``import``: a failure is recorded in
 ``status().reason`` and logged, and the program goes on unpatched. Where the bug is here and
 the fix cannot run, the user reads one line on stderr (``_say_cannot_fix``); otherwise nothing.
@@ -222,9 +223,10 @@ def try_install(just_ran: Optional[object] = None) -> None:
             # torch's own code is asked at every site loaded: the bug is here if any refuses;
             # where no site of this torch can be run, the version rows answer.
             answers = [_probed(api, construction) for api, construction in loaded.items() if construction]
-            bug = (True if _patch.REFUSED in answers else None if None in answers or not answers else False)
+            bug = (True if _patch.TORCH_REFUSED in answers
+                   else None if None in answers or not answers else False)
             _decision = _matrix.decide(mode, torch_version, transformers_version, lambda: bug)
-            if bug is False and _patch.TORCH_COMPATIBLE in answers and not _decision.apply:
+            if bug is False and _patch.TORCH_FIXED in answers and not _decision.apply:
                 _decision = dataclasses.replace(_decision, reason=(
                     f"torch {torch_version} builds wrapper classes {_matrix.interpreter()} accepts for ABC "
                     "modules itself (probed at every site): nothing to patch"))
@@ -255,7 +257,7 @@ def try_install(just_ran: Optional[object] = None) -> None:
             # ABC module (3.15+). Forced, such a site is patched still: CPython 3.15 refuses
             # Generic[T]-first classes, and each class gets torch's own where CPython accepts it.
             answer = _probed(api, construction)
-            if answer == _patch.TORCH_COMPATIBLE or (answer == _patch.ACCEPTED and mode != _config.FORCE):
+            if answer == _patch.TORCH_FIXED or (answer == _patch.TORCH_ACCEPTED and mode != _config.FORCE):
                 logger.debug("left %s to torch: its own construction gives an ABC module a class CPython "
                              "accepts", api)
                 continue

@@ -3,7 +3,7 @@
 The patch is installed only where the bug is: a transformers release whose heads inherit
 ``abc.ABC``, a torch whose wrappers build their classes by ``type(f"FSDP{name}", (FSDPModule,
 cls), ...)``, and a CPython that refuses that class for an ABC module. Whether torch and CPython
-still refuse is asked of them directly, at every site, by a probe (``_patch.probe_layout_bug``);
+still refuse is asked of them directly, at every site, by a probe (``_patch.probe``);
 the rows below are the documented evidence, and the answer only where no probe can run
 (``doctor``, which imports no torch, or a torch whose construction cannot be found). A torch
 release is one row, which says what was read or run of it; where a release builds its classes
@@ -160,14 +160,6 @@ def torch_row_for(version: Optional[str]) -> Optional[Row]:
     """torch ``version``'s row; None for no torch, a release past the rows or an unreadable version."""
     numbers = release_or_none(version)
     return None if numbers is None else next((row for row in TORCH_ROWS if row.covers(numbers)), None)
-
-
-def first_release_after(rows: tuple[Row, ...]) -> Release:
-    """The first release no row covers (the rows tile from 0 up to their last end)."""
-    end = rows[-1].end
-    if end is None:
-        raise ValueError(f"the {rows[-1].package} rows have no upper end")
-    return end
 
 
 def python_version() -> str:

@@ -513,13 +513,13 @@ def check(construction: Construction) -> Optional[str]:
 
 
 # What torch's own construction at a site does with an ABC module (``probe``).
-REFUSED, ACCEPTED, TORCH_COMPATIBLE = "refused", "accepted", "torch builds a compatible class"
+TORCH_REFUSED, TORCH_ACCEPTED, TORCH_FIXED = "refused", "accepted", "torch builds a compatible class"
 
 
 def probe(construction: Construction) -> Optional[str]:
     """What torch's own construction at ``construction``'s site, unpatched, does with an ABC
-    module: REFUSED (CPython refuses the class it builds: the bug), ACCEPTED (CPython accepts
-    torch's ``(Wrapper, cls)``), TORCH_COMPATIBLE (torch built another class, which CPython
+    module: TORCH_REFUSED (CPython refuses the class it builds: the bug), TORCH_ACCEPTED (CPython
+    accepts torch's ``(Wrapper, cls)``), TORCH_FIXED (torch built another class, which CPython
     accepts: torch fixed it), or None (it cannot tell). Never raises.
 
     An uninitialised instance of a throwaway ``class (ABC)`` goes through torch's helper where
@@ -531,24 +531,15 @@ def probe(construction: Construction) -> Optional[str]:
             _apply_construction(construction, instance, patched=False)
         except TypeError as error:
             if "__class__" in str(error) and not isinstance(instance, construction.wrapper):
-                return REFUSED
+                return TORCH_REFUSED
             logger.debug("the layout probe failed otherwise (%s)", error)
             return None
         if not isinstance(instance, construction.wrapper):  # what torch's modules become
             return None
-        return ACCEPTED if type(instance).__bases__ == (construction.wrapper, cls) else TORCH_COMPATIBLE
+        return TORCH_ACCEPTED if type(instance).__bases__ == (construction.wrapper, cls) else TORCH_FIXED
     except Exception as error:
         logger.debug("the layout probe could not run (%s: %s)", type(error).__name__, error)
         return None
-
-
-def probe_layout_bug(construction: Optional[Construction] = None) -> Optional[bool]:
-    """Does CPython refuse the class torch's own construction builds for an ABC module at a site
-    (the first loaded one by default)? None: cannot tell (``probe``)."""
-    if construction is None:
-        construction = next(filter(None, map(resolve_api, _sites.APIS)), None)
-    answer = probe(construction) if construction is not None else None
-    return None if answer is None else answer == REFUSED
 
 
 _PACKAGE_DIRECTORY = os.path.dirname(__file__)

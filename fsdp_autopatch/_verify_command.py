@@ -26,7 +26,14 @@ from typing import IO, Any, Iterator, Optional
 
 import fsdp_autopatch
 from fsdp_autopatch import _config, _console, _doctor, _layout, _verify
-from fsdp_autopatch._console import EXIT_BROKEN, EXIT_CANNOT_TELL, EXIT_OK, PROG, Console, installed_version
+from fsdp_autopatch._console import (
+    EXIT_CANNOT_TELL,
+    EXIT_NOT_FIXED,
+    EXIT_OK,
+    PROG,
+    Console,
+    installed_version,
+)
 
 DEFAULT_TIMEOUT = 300.0
 # Once the deadline or a signal has come, the ranks get this long to exit on SIGTERM before
@@ -84,7 +91,7 @@ def rank_command(models: list[str]) -> list[str]:
 def run_verify(options: argparse.Namespace, console: Console) -> int:
     run = VerifyRun(nproc=options.nproc, models=models_to_run(options.model))
     kind, detail = _doctor.check_installation()
-    missing = [name for name in _console.PACKAGES if util.find_spec(name) is None]
+    missing = [name for name in _console.TRAINING_PACKAGES if util.find_spec(name) is None]
     if kind == _doctor.SOURCE_TREE:
         run.cannot_run = detail
     elif missing:
@@ -282,14 +289,14 @@ def verify_verdict(run: VerifyRun, timeout: float) -> tuple[int, str]:
                     or f"losses differ by {first.get('max_loss_difference')}")
             head += f" cannot be used ({first['model']}: {what})"
         if status.get("applied"):
-            return EXIT_BROKEN, (f"{head}, although the patch was applied; please report it with the output "
-                                 f"of: {PROG} doctor --json")
+            return EXIT_NOT_FIXED, (f"{head}, although the patch was applied; please report it with the "
+                                    f"output of: {PROG} doctor --json")
         reason = str(status.get("reason"))
         remedy = (f"; unset {_config.MODE_VARIABLE} to let the patch run" if status.get("mode") == _config.OFF
                   else "" if "fsdp_autopatch.apply()" in reason else f"; see why: {PROG} doctor")
-        return EXIT_BROKEN, f"{head}; the patch was not applied: {reason}{remedy}"
+        return EXIT_NOT_FIXED, f"{head}; the patch was not applied: {reason}{remedy}"
     if run.crash or len(run.results) < len(run.models):
-        return EXIT_BROKEN, f"FAIL: {run.crash or 'rank 0 stopped before every model was done'}"
+        return EXIT_NOT_FIXED, f"FAIL: {run.crash or 'rank 0 stopped before every model was done'}"
     done += " wrapped and trained"
     if grade.control == _verify.UNTRAINED:
         done = f"{len(run.results)} of {len(run.models)} runs wrapped; FSDP2 cannot train in this torch " \

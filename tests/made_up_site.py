@@ -51,5 +51,5 @@ print(json.dumps({
     "classes": classes,
     "resolved": construction is not None,
     "probe": construction and _patch.probe(construction),
-    "doctor": _doctor.check_layout(_sites.DDP_REPLICATE, torch.__version__),
+    "doctor": _doctor.find_site(_sites.DDP_REPLICATE, torch.__version__),
 }))

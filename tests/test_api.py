@@ -24,12 +24,12 @@ from conftest import (
 )
 
 import fsdp_autopatch
-from fsdp_autopatch import DDP_MODULE
+from fsdp_autopatch import DDP_MODULE, _sites
 
 HERE = Path(__file__).parent
 
-# What the hooks wait for: the first import of any wrapper they patch.
-WRAPPERS = "FSDP2 fully_shard, FSDP2 replicate, composable DDP replicate or Megatron-FSDP fully_shard"
+# What the hooks wait for: the first import of any wrapper they patch, as the table names them.
+WRAPPERS = f"{', '.join(_sites.APIS[:-1])} or {_sites.APIS[-1]}"
 
 STATUS = "import json, fsdp_autopatch; print(json.dumps(fsdp_autopatch.status().to_dict()))"
 

@@ -6,7 +6,10 @@ stated), not restated here.
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
 import sys
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -88,7 +91,7 @@ def test_each_row_covers_its_own_bounds(name: str) -> None:
 
 
 def test_torch_newer_than_the_rows_is_in_no_row() -> None:
-    newer = _matrix.first_release_after(_matrix.TORCH_ROWS)
+    newer = version_table.first_release_after(_matrix.TORCH_ROWS)
     assert _matrix.row_for(_matrix.TORCH_ROWS, text(newer)) is None
     assert _matrix.row_for(_matrix.TORCH_ROWS, text((newer[0] + 1, 0))) is None
     assert _matrix.row_for(_matrix.TORCH_ROWS, text(_matrix.TORCH_ROWS[-1].first)) is not None
@@ -114,7 +117,7 @@ BUGGY_PYTHON = next(row for row in _matrix.PYTHON_ROWS if row.affected)
 FIXED_PYTHON = next(row for row in _matrix.PYTHON_ROWS if not row.affected)
 TORCH = text(LAST_TORCH.first) + ".0"
 TRANSFORMERS = text(AFFECTED_TRANSFORMERS.first)
-NEWER_TORCH = text(_matrix.first_release_after(_matrix.TORCH_ROWS)) + ".0"
+NEWER_TORCH = text(version_table.first_release_after(_matrix.TORCH_ROWS)) + ".0"
 # The last Python of the refusing row, e.g. 3.14.1.
 BUGGY_PYTHON_VERSION = before(BUGGY_PYTHON.end) + ".1"
 
@@ -212,6 +215,29 @@ def test_the_documented_version_table_is_the_rendered_rows() -> None:
         "--update")
 
 
+def test_the_generator_works_as_printed_and_reads_the_checkout(tmp_path: Path) -> None:
+    """``python tests/version_table.py`` as docs/versions.md prints it, from another directory and
+    with no site-packages (``-S``): the checkout's package, never an installed copy."""
+    generator = Path(version_table.__file__)
+    if not (generator.parent.parent / "fsdp_autopatch").is_dir():
+        pytest.skip("no checkout here (an installed wheel's tests)")
+    result = subprocess.run([sys.executable, "-S", str(generator)], capture_output=True, text=True,
+                            cwd=tmp_path, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == version_table.render()
+
+
+def test_a_row_without_a_sweep_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch release added to the rows before its wheel is swept: the page says the sweep's
+    claim does not cover it."""
+    newest = _matrix.TORCH_ROWS[-1]
+    later = (newest.first[0], newest.first[1] + 1)
+    monkeypatch.setattr(_matrix, "TORCH_ROWS", (*_matrix.TORCH_ROWS[:-1], dataclasses.replace(
+        newest, end=later), dataclasses.replace(newest, first=later, end=(later[0], later[1] + 1))))
+    (said,) = [line for line in version_table.render().splitlines() if line.startswith("No sweep of every")]
+    assert f"{later[0]}.{later[1]}" in said.split("yet for torch ")[1].split(":")[0].split(", ")
+
+
 def test_rendered_table_has_every_row() -> None:
     table = version_table.render()
     for rows in ALL_ROWS.values():
@@ -222,4 +248,4 @@ def test_rendered_table_has_every_row() -> None:
         assert f"| {site.api} | {site.releases} | {site.evidence} |" in table
     for swap in version_table.OTHER_CLASS_SWAPS:
         assert f"| `{swap.file}` | `{swap.function}` | {swap.reason} |" in table
-    assert f"≥ {text(_matrix.first_release_after(_matrix.TORCH_ROWS))}" in table
+    assert f"≥ {text(version_table.first_release_after(_matrix.TORCH_ROWS))}" in table

@@ -257,8 +257,8 @@ def test_a_made_up_site_reaches_the_patch_the_probe_doctor_and_the_sweep(
     (report,) = json_lines(result.stdout)
     status, classes = report["status"], report["classes"]
     # The probe ran the made-up helper (its arguments matched by the row's names).
-    assert report["resolved"] and report["probe"] in (_patch.REFUSED, _patch.ACCEPTED)
-    if report["probe"] == _patch.REFUSED:  # CPython 3.9 - 3.14: patched through the new helper
+    assert report["resolved"] and report["probe"] in (_patch.TORCH_REFUSED, _patch.TORCH_ACCEPTED)
+    if report["probe"] == _patch.TORCH_REFUSED:  # CPython 3.9 - 3.14: patched through the new helper
         assert status["applied"] and status["sites"] == [f"{_sites.DDP_MODULE}.replicate"], status
         assert classes["Head"] == {"name": "DDPHead", "is_ddp": True, "torch_bases": False}
     else:  # CPython 3.15+: torch's class, left alone
@@ -273,4 +273,59 @@ def test_a_made_up_site_reaches_the_patch_the_probe_doctor_and_the_sweep(
                           "unimplemented_deepcopy", builder=("torch.distributed._composable_state",
                                                              "_wrap_class", ()))
     monkeypatch.setattr(_sites, "SITES", (made_up, *_sites.SITES))
+    assert unaccounted(swaps) == []
+
+
+# A made-up release's new API in a module of its own (tests/made_up_api.py holds its rows).
+MADE_UP_MODULE = """
+def _unimplemented_deepcopy(*args, **kwargs):
+    raise AssertionError("does not support deepcopy")
+
+
+class MadeModule:
+    pass
+
+
+cls_to_made_cls = {}
+
+
+def wrap(module):
+    cls = module.__class__
+    new_cls = cls_to_made_cls.get(cls)
+    if new_cls is None:
+        new_cls = type(f"Made{cls.__name__}", (MadeModule, cls), {"__deepcopy__": _unimplemented_deepcopy})
+        cls_to_made_cls[cls] = new_cls
+    module.__class__ = new_cls
+    return module
+"""
+
+
+def test_a_new_api_is_rows_reaching_the_patch_the_probe_doctor_and_the_sweep(
+    tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new API, as CONTRIBUTING's recipe adds it (its name in APIS, its Site row, its module
+    watched): the hooks patch it, the probe asks it, doctor reads it and the sweep accounts for it,
+    with no other change to the package."""
+    env = make_throwaway(tmp_path / "venv", installed)
+    fake_torch(env.site)
+    fake_transformers(env.site)
+    (env.site / "torch" / "distributed" / "_composable" / "test_only_made_up.py").write_text(MADE_UP_MODULE)
+    result = env.run_program(HERE / "made_up_api.py")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    (report,) = json_lines(result.stdout)
+    status, classes = report["status"], report["classes"]
+    assert report["resolved"] and report["probe"] in (_patch.TORCH_REFUSED, _patch.TORCH_ACCEPTED)
+    if report["probe"] == _patch.TORCH_REFUSED:  # CPython 3.9 - 3.14
+        assert "torch.distributed._composable.test_only_made_up.wrap" in status["sites"], status
+        assert classes["Head"] == {"name": "MadeHead", "is_made": True, "torch_bases": False}
+    else:  # CPython 3.15+: torch's class, left alone
+        assert classes["Head"]["torch_bases"], classes
+    assert classes["Plain"] == {"name": "MadePlain", "is_made": True, "torch_bases": True}
+    assert report["doctor"]["known"] is True, report["doctor"]
+    swaps = class_swaps(env.site / "torch")
+    found = {swap[:2] for swap in unaccounted(swaps)}
+    assert ("distributed/_composable/test_only_made_up.py", "wrap") in found
+    monkeypatch.setattr(_sites, "SITES", (*_sites.SITES, _sites.Site(
+        "test-only made-up wrap", (2, 99), "torch.distributed._composable.test_only_made_up", "wrap",
+        ("MadeModule",), "Made", "_unimplemented_deepcopy", "cls_to_made_cls")))
     assert unaccounted(swaps) == []

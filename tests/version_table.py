@@ -3,6 +3,8 @@
     python tests/version_table.py            # print the table
     python tests/version_table.py --update   # write it between docs/versions.md's markers
 
+Run from a checkout, it reads the checkout's package (never an installed copy), with any Python.
+
 The rows the package decides from (``fsdp_autopatch._matrix``) carry their evidence; what only the
 record needs lives here: per class-construction site of ``fsdp_autopatch._sites``, the releases
 that have it and what was read or run of them, and every other ``__class__`` assignment in torch
@@ -17,11 +19,22 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+if __name__ == "__main__":  # as printed: the checkout's package, whatever this Python has installed
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from fsdp_autopatch import _matrix, _sites
 
 TO = " \N{EN DASH} "  # the docs' way of writing a range of releases
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "versions.md"
 MARKERS = re.compile(r"(<!-- versions:start -->\n)(.*?)(<!-- versions:end -->)", re.S)
+
+
+def first_release_after(rows: tuple[_matrix.Row, ...]) -> _matrix.Release:
+    """The first release no row covers (the rows tile from 0 up to their last end)."""
+    end = rows[-1].end
+    if end is None:
+        raise ValueError(f"the {rows[-1].package} rows have no upper end")
+    return end
 
 
 @dataclass(frozen=True)
@@ -65,10 +78,15 @@ class ClassSwap:
     package: str = "torch"  # the top-level package the file is in
 
 
-# Every __class__ assignment in the Python sources of torch 2.4.1, 2.5.1, 2.6.0, 2.7.1, 2.8.0,
-# 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0, and of megatron-fsdp 0.5.0, 0.6.0 and
-# 0.6.1, that is not one of _sites.SITES' builders (a sweep of each release's wheel, reading every
-# assignment to ``X.__class__`` and every setattr of "__class__").
+# The releases whose wheels were swept: every assignment to ``X.__class__`` and every setattr of
+# "__class__" in their Python sources read. A release added to the rows joins this list only once
+# its wheel is swept; the page says which rows have no sweep.
+SWEPT = {
+    "torch": ("2.4.1", "2.5.1", "2.6.0", "2.7.1", "2.8.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0",
+              "2.14.1", "2.15.0"),
+    "megatron-fsdp": ("0.5.0", "0.6.0", "0.6.1"),
+}
+# Every __class__ assignment in the swept releases that is not one of _sites.SITES' builders.
 OTHER_CLASS_SWAPS = (
     ClassSwap("nn/utils/parametrize.py", "_inject_new_class",
               "one base: Parametrized<Name>(cls,) keeps the original class's layout"),
@@ -112,7 +130,7 @@ def versions(row: _matrix.Row) -> str:
 
 def render() -> str:
     """The table between docs/versions.md's ``<!-- versions:start -->`` and ``-->end`` markers."""
-    newer = release_text(_matrix.first_release_after(_matrix.TORCH_ROWS))
+    newer = release_text(first_release_after(_matrix.TORCH_ROWS))
     rows = (*_matrix.TRANSFORMERS_ROWS, *_matrix.TORCH_ROWS)
     lines = ["| package | versions | bug | evidence |", "| --- | --- | --- | --- |"]
     lines += [f"| {row.package} | {versions(row)} | {'yes' if row.affected else 'no'} | {row.evidence} |"
@@ -130,9 +148,13 @@ def render() -> str:
               f"builders of {fixed_apis} call `{', '.join(fixes)}` (this package's "
               "`fsdp_autopatch/_wrapper_cls.py`) in place of `type`; it builds a class CPython accepts. "
               "Where a torch has it, the probe finds no bug at any site and the package stands aside."]
-    newest = release_text(_matrix.TORCH_ROWS[-1].first)
-    lines += ["", f"Every other `__class__` assignment in torch 2.4{TO}{newest} and megatron-fsdp "
-              f"0.5.0{TO}0.6.1, left alone:", "",
+    swept = "; ".join(f"{package} {', '.join(releases)}" for package, releases in SWEPT.items())
+    newest_swept = _matrix.release(SWEPT["torch"][-1])[:2]
+    unswept = [release_text(row.first) for row in _matrix.TORCH_ROWS if row.first[:2] > newest_swept]
+    if unswept:
+        lines += ["", f"No sweep of every `__class__` assignment yet for torch {', '.join(unswept)}: "
+                  "its row is all that was read or run of it."]
+    lines += ["", f"Every other `__class__` assignment in the releases swept ({swept}), left alone:", "",
               "| package | file | function | why |", "| --- | --- | --- | --- |"]
     lines += [f"| {swap.package} | `{swap.file}` | `{swap.function}` | {swap.reason} |"
               for swap in OTHER_CLASS_SWAPS]

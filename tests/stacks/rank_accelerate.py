@@ -24,7 +24,7 @@ from rank_common import (
     scores,
     select_fsdp,
     train,
-    wrapper_class,
+    wrapper_facts,
 )
 
 STEPS = 3
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> None:
     emit(
         case="accelerate",
         distributed_type=str(accelerator.distributed_type),  # type: ignore[attr-defined]
-        wrapper=wrapper_class(model),
+        wrapper=wrapper_facts(model),
         layer_wrapper=layer_wrapper,
         sharded=sharded,
         losses=losses,

@@ -160,7 +160,7 @@ def shard(model: Any, mesh: Any, **options: Any) -> Any:
     return model
 
 
-def wrapper_class(module: Any) -> dict[str, Any]:
+def wrapper_facts(module: Any) -> dict[str, Any]:
     """The class fully_shard built: its name, and whether it is torch's own construction."""
     from torch.distributed.fsdp import FSDPModule
 

@@ -22,7 +22,7 @@ from rank_common import (
     scores,
     shard,
     train,
-    wrapper_class,
+    wrapper_facts,
 )
 
 STEPS = 2
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
         emit(
             case="compile",
             backend=backend,
-            wrapper=wrapper_class(compiled_model),
+            wrapper=wrapper_facts(compiled_model),
             sharded=sharded,
             compiled_type=type(compiled).__name__,
             # Graphs dynamo captured: zero would mean everything ran eagerly.

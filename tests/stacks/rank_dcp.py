@@ -21,7 +21,7 @@ from rank_common import (
     scores,
     shard,
     train,
-    wrapper_class,
+    wrapper_facts,
 )
 
 STEPS = 2
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> None:
     train(reference, reference_optimizer, next_step)
     emit(
         case="dcp",
-        wrapper=wrapper_class(restored),
+        wrapper=wrapper_facts(restored),
         sharded=is_sharded(model) and is_sharded(restored),
         losses=losses,
         reference_losses=reference_losses,

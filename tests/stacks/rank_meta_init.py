@@ -22,7 +22,7 @@ from rank_common import (
     scores,
     shard,
     train,
-    wrapper_class,
+    wrapper_facts,
 )
 
 STEPS = 2
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> None:
     emit(
         case="meta-init",
         built_on_meta=on_meta,
-        wrapper=wrapper_class(model),
+        wrapper=wrapper_facts(model),
         sharded=is_sharded(model),
         rotary_recomputed=rotary,
         initial_vs_reference=initial,

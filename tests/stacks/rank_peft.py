@@ -25,7 +25,7 @@ from rank_common import (
     run,
     scores,
     train,
-    wrapper_class,
+    wrapper_facts,
 )
 
 STEPS = 2
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> None:
     trained, expected = adapters(model), adapters(reference)
     result = dict(
         case="peft",
-        wrapper=wrapper_class(model),
+        wrapper=wrapper_facts(model),
         inner_class=type(inner).__name__,
         layer_wrapper=type(inner.model.layers[0]).__name__,
         sharded=sharded,

@@ -25,7 +25,7 @@ from rank_common import (
     run,
     select_fsdp,
     tiny_config,
-    wrapper_class,
+    wrapper_facts,
 )
 
 WORDS = ["[PAD]", "[UNK]", "good", "great", "fine", "bad", "awful", "poor", "answer", "the", "is"]
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> None:
     emit(
         case="trl",
         distributed_type=str(trainer.accelerator.distributed_type),
-        wrapper=wrapper_class(trained),
+        wrapper=wrapper_facts(trained),
         layer_wrapper=type(trained.base_model.layers[0]).__name__,
         sharded=sharded,
         saved_files=sorted(os.listdir(output)),
