@@ -71,7 +71,10 @@ __all__ = [
 pytest_plugins = ["progress", "stress"]
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO = ROOT / "tests" / "scenario.py"
+# The programs the tests run (tests/programs/README.md); two of their helpers the tests import too.
+PROGRAMS = ROOT / "tests" / "programs"
+sys.path.insert(0, str(PROGRAMS))
+SCENARIO = PROGRAMS / "scenario.py"
 # Set by the nox sessions: a missing prerequisite there is a failure, not a skip.
 REQUIRE_VARIABLE = "FSDP_AUTOPATCH_TEST_REQUIRE"
 # Every process the suite starts carries this variable: it is set here, in the process that
@@ -140,7 +143,7 @@ def _run(
     python: str, cwd: Optional[Path], timeout: float, prepared: bool,
 ) -> subprocess.CompletedProcess[str]:
     """``python *flags *command`` in a fresh interpreter away from the checkout, or ``request`` in
-    a child of the prepared interpreter for ``env`` (tests/prepared.py)."""
+    a child of the prepared interpreter for ``env`` (tests/programs/prepared.py)."""
     env = environment() if env is None else env
     cwd = cwd or site_packages().parent
     if prepared:
@@ -160,7 +163,7 @@ def run_python(
     prepared: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter (``python *flags -c code``) away from the checkout;
-    ``prepared``: in a child of the prepared interpreter for ``env`` instead (tests/prepared.py)."""
+    ``prepared``: in a child of the prepared interpreter for ``env`` instead (tests/programs/prepared.py)."""
     code = textwrap.dedent(code)
     return _run(["-c", code], {"code": code, "args": []}, flags, env, python, cwd, timeout, prepared)
 
@@ -182,17 +185,17 @@ def run_program(
 def run_scenario(
     *args: str, env: Optional[dict[str, str]] = None, timeout: float = 600, prepared: bool = False
 ) -> list[dict[str, Any]]:
-    """Run tests/scenario.py in a fresh interpreter (or a prepared one's child); its JSON lines."""
+    """Run tests/programs/scenario.py in a fresh interpreter (or a prepared one's child); its JSON lines."""
     return json_lines(run_program(SCENARIO, *args, env=env, timeout=timeout, prepared=prepared).stdout)
 
 
 # --- prepared interpreters ---------------------------------------------------------------------
 
-PREPARED = ROOT / "tests" / "prepared.py"
+PREPARED = PROGRAMS / "prepared.py"
 
 
 class PreparedInterpreter:
-    """tests/prepared.py, started with one environment: torch's wrappers and transformers
+    """tests/programs/prepared.py, started with one environment: torch's wrappers and transformers
     imported once, a forked child per case. Its own stderr (a failed start) goes to a file."""
 
     def __init__(self, env: dict[str, str]) -> None:
@@ -288,14 +291,14 @@ def close_prepared_interpreters() -> None:
         _prepared.popitem()[1].close()
 
 
-SHARD_ABC_HEAD = ROOT / "tests" / "shard_abc_head.py"
+SHARD_ABC_HEAD = PROGRAMS / "shard_abc_head.py"
 
 
 def shard_abc_head(
     *flags: str, calls: Optional[str] = None, finder: Optional[str] = None, prepared: bool = False,
     **env: Optional[str],
 ) -> dict[str, Any]:
-    """tests/shard_abc_head.py (``--calls``, ``--finder``) in a fresh interpreter with ``flags``,
+    """tests/programs/shard_abc_head.py (``--calls``, ``--finder``) in a fresh interpreter with ``flags``,
     or, ``prepared``, in a prepared one's child: the status before and after, and the error."""
     assert not (prepared and finder), "the finder goes in before the imports: it needs a fresh interpreter"
     args = [*(("--calls", calls) if calls else ()), *(("--finder", finder) if finder else ())]
@@ -315,9 +318,9 @@ def assert_trains_like_unsharded(result: dict[str, Any]) -> None:
 
 
 def delegating_finder(position: str) -> str:
-    """Code that puts tests/delegating_finder.py's finder "ahead" of the start-up watcher or
+    """Code that puts tests/programs/delegating_finder.py's finder "ahead" of the start-up watcher or
     "behind" it, before anything else is imported."""
-    return (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+    return (f"import sys; sys.path.insert(0, {str(ROOT / 'tests' / 'programs')!r})\n"
             f"import delegating_finder; delegating_finder.install({position!r})\n")
 
 
@@ -572,7 +575,7 @@ def real_torch(installed: Path) -> dict[str, str]:
     return versions
 
 
-PROBE_LAYOUT_BUG = ROOT / "tests" / "probe_layout_bug.py"
+PROBE_LAYOUT_BUG = PROGRAMS / "probe_layout_bug.py"
 _layout_bug: list[bool] = []
 
 

@@ -84,7 +84,7 @@ CLI_DOC = DOCS / "cli.md"
 INSTALL_TIMEOUT = 1800
 RUN_TIMEOUT = 900
 
-CELL_PROBE = Path(__file__).with_name("cell_probe.py")
+CELL_PROBE = Path(__file__).parent / "programs" / "cell_probe.py"
 
 Cell = tuple[str, str]
 
@@ -400,7 +400,7 @@ def capture_cli(python: str) -> str:
     return portable_text(f"Captured on {now()}.\n\n```text\n" + "\n".join(shown) + "```")
 
 
-README_STATUS = Path(__file__).with_name("readme_status.py")
+README_STATUS = Path(__file__).parent / "programs" / "readme_status.py"
 
 
 def capture_status(python: str) -> str:

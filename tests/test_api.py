@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import pytest
 from conftest import (
+    PROGRAMS,
     Throwaway,
     abc_swap_refused,
     fake_torch,
@@ -25,8 +26,6 @@ from conftest import (
 
 import fsdp_autopatch
 from fsdp_autopatch import DDP_MODULE, _sites
-
-HERE = Path(__file__).parent
 
 # What the hooks wait for: the first import of any wrapper they patch, as the table names them.
 WRAPPERS = f"{', '.join(_sites.APIS[:-1])} or {_sites.APIS[-1]}"
@@ -117,7 +116,7 @@ def test_a_type_rebound_in_torchs_builders_is_named_not_waited_for(env: Throwawa
     """Both wrappers imported, each builder's ``type`` the user's before the install: the status
     names the decision and each binding, never "waiting for" what is imported."""
     torch_version(env, "2.13.0")
-    result = env.run_program(Path(__file__).with_name("rebound_type.py"))
+    result = env.run_program(PROGRAMS / "rebound_type.py")
     (status,) = json_lines(result.stdout)
     assert not status["applied"] and "waiting" not in status["reason"], status["reason"]
     bound = ("type is <function logging_type at 0x", ">, not the builtin: bound before fsdp-autopatch "
@@ -146,7 +145,7 @@ def test_a_site_cpython_accepts_for_abc_is_left_to_torch_unless_forced(
     fake_torch(env.site)
     replicate = env.site / "torch" / "distributed" / "_composable" / "replicate.py"
     replicate.write_text("import abc\n" + replicate.read_text().replace("class DDP:", "class DDP(abc.ABC):"))
-    result = env.run_program(HERE / "accepted_site.py", FSDP_AUTOPATCH=mode)
+    result = env.run_program(PROGRAMS / "accepted_site.py", FSDP_AUTOPATCH=mode)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     (report,) = json_lines(result.stdout)
     if mode == "force":

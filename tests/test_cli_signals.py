@@ -5,7 +5,7 @@ coreutils command cut off the same way, with nothing on stderr: no traceback, an
 ignored" from the interpreter's last flush. Ctrl-C: exit 130 and one line on stderr.
 
 The fast tests run ``verify`` on the stand-in torch (tests/stand_in/) whose ``torch.distributed``
-is tests/fake_process_group.py: each rank says when it started and waits to be told to go on, so
+is tests/programs/fake_process_group.py: each rank says when it started and waits to be told to go on, so
 that the signal or the closed pipe meets verify at a known point, while it follows its ranks;
 the slow ones run the real torch.
 
@@ -28,6 +28,7 @@ from typing import Optional
 
 import pytest
 from conftest import (
+    PROGRAMS,
     alive,
     ctrl_c_as_at_a_terminal,
     environment,
@@ -48,7 +49,7 @@ from fsdp_autopatch._verify_command import STOPS_WITHIN_SECONDS
 EXIT_CLOSED_PIPE = 141
 EXIT_INTERRUPTED = 130
 
-FAKE_PROCESS_GROUP = Path(__file__).with_name("fake_process_group.py")
+FAKE_PROCESS_GROUP = PROGRAMS / "fake_process_group.py"
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name == "nt",
                                 reason="POSIX signals and pipes")
@@ -56,7 +57,7 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name == "nt"
 
 @pytest.fixture(scope="module")
 def stand_in(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The python of an environment whose torch is the stand-in, with tests/fake_process_group.py
+    """The python of an environment whose torch is the stand-in, with tests/programs/fake_process_group.py
     as its ``torch.distributed``."""
     throwaway = make_throwaway(tmp_path_factory.mktemp("stand-in") / "venv", installed)
     fake_torch(throwaway.site)

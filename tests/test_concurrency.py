@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from conftest import environment, json_lines, layout_bug_here, run_program, write_module
+from conftest import PROGRAMS, environment, json_lines, layout_bug_here, run_program, write_module
 
 pytestmark = pytest.mark.slow
 
 TRIALS = 50
-HERE = Path(__file__).parent
 # Two interpreters at a time keep both cores busy; more would only queue.
 PARALLEL = 2
 # Generous: a trial that has not finished by then is hung, not slow.
@@ -36,7 +35,7 @@ def import_trial(seed: int, **variables: Optional[str]) -> dict[str, Any]:
     """One fresh interpreter racing 16 threads through the first imports; what it reported."""
     env = environment(FSDP_AUTOPATCH_LOG="debug", **variables)
     try:
-        result = run_program(HERE / "threaded_imports.py", str(seed), env=env, timeout=TRIAL_TIMEOUT,
+        result = run_program(PROGRAMS / "threaded_imports.py", str(seed), env=env, timeout=TRIAL_TIMEOUT,
                              check=False)
     except subprocess.TimeoutExpired:
         return {"seed": seed, "problem": f"hung: no exit within {TRIAL_TIMEOUT} s (deadlock?)"}
@@ -106,7 +105,7 @@ def test_threaded_first_imports_refuse_once(tmp_path: Path, real_torch: dict[str
 
 
 def shard_in_threads(rounds: int, **variables: Optional[str]) -> dict[str, Any]:
-    result = run_program(HERE / "shard_in_threads.py", str(rounds), env=environment(**variables),
+    result = run_program(PROGRAMS / "shard_in_threads.py", str(rounds), env=environment(**variables),
                          timeout=TRIAL_TIMEOUT, prepared=True)
     (report,) = json_lines(result.stdout)
     return report

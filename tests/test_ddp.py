@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LAYOUT_ERROR, ci_tier, environment, json_lines, layout_bug_here, run_program
+from conftest import LAYOUT_ERROR, PROGRAMS, ci_tier, environment, json_lines, layout_bug_here, run_program
 from harness import AFFECTED, RANKS, torchrun
 from import_order import THREAD, spec
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 PLAIN = "causal-lm"
 DDP_SITE = f"{DDP_MODULE}.replicate"
 
-# The imports of each order, before anything else runs (tests/import_order.py).
+# The imports of each order, before anything else runs (tests/programs/import_order.py).
 IMPORTS = {
     # A DDP-only training script: composable DDP and transformers, never FSDP2.
     "ddp-only": (DDP_MODULE, "transformers"),
@@ -35,15 +35,14 @@ IMPORTS = {
     "after-fsdp2": ("torch.distributed.fsdp", "transformers"),
     "ddp-in-thread": ("transformers", THREAD + DDP_MODULE),
 }
-HERE = Path(__file__).parent
 
 def replicate_and_train(
     order: str, runs: tuple[str, ...], **env: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The status line (and whether FSDP2 was imported), and each run's result."""
-    # after-fsdp2 begins as tests/prepared.py does: its cases run in a child of the prepared
+    # after-fsdp2 begins as tests/programs/prepared.py does: its cases run in a child of the prepared
     # interpreter, the other orders in a fresh one.
-    result = run_program(HERE / "ddp_train.py", spec(*IMPORTS[order]), *runs, env=environment(**env),
+    result = run_program(PROGRAMS / "ddp_train.py", spec(*IMPORTS[order]), *runs, env=environment(**env),
                          prepared=order == "after-fsdp2")
     lines = json_lines(result.stdout)
     (head,) = [line for line in lines if "status" in line]
@@ -104,7 +103,7 @@ def test_users_own_abc_and_generic_modules_under_force(order: str, ddp_in_rows: 
     imports = spec(*(name for name in IMPORTS[order] if name != "transformers"))
     reports = {}
     for mode in ("force", "0"):
-        result = run_program(HERE / "ddp_users_own.py", imports, env=environment(FSDP_AUTOPATCH=mode))
+        result = run_program(PROGRAMS / "ddp_users_own.py", imports, env=environment(FSDP_AUTOPATCH=mode))
         (reports[mode],) = json_lines(result.stdout)
     forced, off = reports["force"], reports["0"]
     # Generic[T]-first is refused even by CPython 3.15; ABC-first where the layout bug is.
@@ -124,7 +123,7 @@ def test_two_ranks_under_torchrun(tmp_path: Path, ddp_in_rows: None) -> None:
     runs = ["token-classification" + DDP_SUFFIX, PLAIN + DDP_SUFFIX]
     results = {}
     for mode in (None, "0"):
-        done = torchrun(HERE / "ddp_train.py", spec(*IMPORTS["ddp-only"]), *runs,
+        done = torchrun(PROGRAMS / "ddp_train.py", spec(*IMPORTS["ddp-only"]), *runs,
                         env=environment(FSDP_AUTOPATCH=mode), cwd=tmp_path, timeout=600)
         results[mode] = {(line["rank"], line["model"]): line for line in json_lines(done.stdout)
                          if "model" in line}

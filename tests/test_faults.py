@@ -21,6 +21,7 @@ from typing import Any, Optional
 import pytest
 from conftest import (
     LAYOUT_ERROR,
+    PROGRAMS,
     Throwaway,
     ci_tier,
     environment,
@@ -40,8 +41,7 @@ from fsdp_autopatch import _config, _matrix
 
 WARNING_PREFIX = "fsdp-autopatch"
 OFF = "0"
-HERE = Path(__file__).parent
-TRY_IMPORTS = HERE / "try_imports.py"
+TRY_IMPORTS = PROGRAMS / "try_imports.py"
 # PEP 829 (3.15+): every .pth import line runs first, then the .start entry points (ours among
 # them), each in file-name order; a matching .start file suppresses fsdp_autopatch.pth's line.
 START_FILES = sys.version_info >= (3, 15)
@@ -292,7 +292,7 @@ def start_up_events(env: Throwaway, control: Optional[str] = None, **variables: 
     """Audit events from the first import line to the start-up file after ours, in a fresh
     interpreter of ``env``. ``control``, a stdlib entry point such as ``os:getpid``, is written
     where our start-up file sorts (``fsdp_autopatch.start`` on 3.15+, else a ``.pth`` import line)."""
-    shutil.copy2(HERE / "startup_audit.py", env.site / "_startup_audit.py")
+    shutil.copy2(PROGRAMS / "startup_audit.py", env.site / "_startup_audit.py")
     (env.site / "00_startup_audit.pth").write_text("import _startup_audit\n")
     if START_FILES:  # after every import line, after fsdp_autopatch.start's entry point
         (env.site / "zz_startup_audit.start").write_text("_startup_audit:stop\n")
@@ -420,7 +420,7 @@ def test_fork_while_another_thread_hands_over(tmp_path: Path, installed: Path) -
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site)
     fake_transformers(env.site)
-    result = env.run_program(HERE / "fork_during_hand_over.py")
+    result = env.run_program(PROGRAMS / "fork_during_hand_over.py")
     assert result.returncode == 0, result.stderr
     assert json_lines(result.stdout) == [{"child": 0, "parent_armed": True}], result.stderr
 
@@ -435,7 +435,7 @@ def test_arming_never_under_the_import_lock(tmp_path: Path, installed: Path, kin
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site)
     fake_transformers(env.site)
-    runs = {mode: env.run_program(HERE / "stand_in_loader.py", kind, FSDP_AUTOPATCH=mode)
+    runs = {mode: env.run_program(PROGRAMS / "stand_in_loader.py", kind, FSDP_AUTOPATCH=mode)
             for mode in (None, OFF)}
     for run in runs.values():
         assert (run.returncode, run.stderr) == (0, ""), run.stderr
@@ -461,7 +461,7 @@ def test_bad_mode_value_without_stderr(tmp_path: Path, installed: Path) -> None:
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site)
     fake_transformers(env.site)
-    result = env.run_program(HERE / "no_stderr.py", FSDP_AUTOPATCH="garbage")
+    result = env.run_program(PROGRAMS / "no_stderr.py", FSDP_AUTOPATCH="garbage")
     assert (result.returncode, result.stderr) == (0, "")
     (report,) = json_lines(result.stdout)
     # The hooks ran on torch.distributed.fsdp, found its site, and wait for transformers.
@@ -471,14 +471,14 @@ def test_bad_mode_value_without_stderr(tmp_path: Path, installed: Path) -> None:
 
 # --- import-time faults with the real torch and transformers (slow) ----------------------------
 
-SHARD_WITH_FAULT = Path(__file__).with_name("shard_with_fault.py")
+SHARD_WITH_FAULT = PROGRAMS / "shard_with_fault.py"
 
 
 def shard(
     fault: Optional[str] = None, imports: Optional[str] = None, pythonpath: Optional[Path] = None,
     prepared: bool = False, **variables: Optional[str],
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
-    """tests/shard_with_fault.py: the ``fault`` injected, the imports, then one sharded train step
+    """tests/programs/shard_with_fault.py: the ``fault`` injected, the imports, then one sharded train step
     of an ABC-headed model, in a fresh interpreter or (``prepared``, no fault: nothing before the
     default imports) a prepared one's child."""
     assert not prepared or (fault is None and imports is None and pythonpath is None)
@@ -598,7 +598,7 @@ def test_transformers_without_usable_version(
         assert "no installed version found" in status["reason"]
 
 
-# Faults injected into the package in the child, before torch is imported (tests/shard_with_fault.py):
+# Faults injected into the package in the child, before torch is imported (programs/shard_with_fault.py):
 # the message each must leave in the status.
 INJECTIONS = {
     "install": "injected: install",

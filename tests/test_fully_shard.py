@@ -18,6 +18,7 @@ import pytest
 from conftest import (
     AFFECTED,
     LAYOUT_ERROR,
+    PROGRAMS,
     assert_trains_like_unsharded,
     ci_tier,
     environment,
@@ -36,7 +37,6 @@ pytestmark = pytest.mark.slow
 DISABLED = environment(FSDP_AUTOPATCH="0")
 # fully_shard's site on torch 2.6+, named by the function users call.
 FULLY_SHARD_SITE = "torch.distributed.fsdp._fully_shard._fully_shard.fully_shard"
-HERE = Path(__file__).parent
 
 
 def by_model(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -80,7 +80,7 @@ def assert_patched_where_needed(status: dict[str, Any]) -> None:
 def test_affected_heads_shard_and_train_like_the_unsharded_model(
     order: str, unpatched: dict[str, dict[str, Any]]
 ) -> None:
-    # fsdp-first is the order the prepared interpreter imports them in (tests/prepared.py).
+    # fsdp-first is the order the prepared interpreter imports them in (tests/programs/prepared.py).
     lines = run_scenario("--order", order, prepared=order == "fsdp-first")
     assert_patched_where_needed(status_of(lines))
     results = by_model(lines)
@@ -106,7 +106,7 @@ def test_users_own_abc_generic_and_collections_abc_modules(real_torch: dict[str,
     collections.abc heads wherever the probe finds the bug. Where it does not, auto mode stands
     aside for the transformers heads, so ``force`` is what covers a user's own Generic module.
     """
-    unpatched = run_program(HERE / "user_modules.py", env=DISABLED, prepared=True)
+    unpatched = run_program(PROGRAMS / "user_modules.py", env=DISABLED, prepared=True)
     (torch_alone,) = json_lines(unpatched.stdout)
     refused = {"AbcHead": layout_bug_here(), "SizedHead": layout_bug_here(), "GenericHead": True,
                "ProtoHead": True}
@@ -115,7 +115,7 @@ def test_users_own_abc_generic_and_collections_abc_modules(real_torch: dict[str,
         assert not bug or LAYOUT_ERROR in torch_alone[name]["error"]
     assert (LAYOUT_ERROR in torch_alone["slice"]) is layout_bug_here()
 
-    patched = run_program(HERE / "user_modules.py", env=environment(
+    patched = run_program(PROGRAMS / "user_modules.py", env=environment(
         FSDP_AUTOPATCH=None if layout_bug_here() else "force"), prepared=True)
     (report,) = json_lines(patched.stdout)
     for name, bug in refused.items():
@@ -213,8 +213,8 @@ def test_construction_hooks_run_once_per_class_as_without_the_patch(wrapper: str
     refuses torch's class, the one class built is the compatible one, and the module wraps."""
     runs = {}
     for mode in (None, "0"):
-        result = run_program(HERE / "construction_hooks.py", wrapper, env=environment(FSDP_AUTOPATCH=mode),
-                             prepared=True)
+        result = run_program(PROGRAMS / "construction_hooks.py", wrapper,
+                             env=environment(FSDP_AUTOPATCH=mode), prepared=True)
         (runs[mode],) = json_lines(result.stdout)
     patched, unpatched = runs[None], runs["0"]
     prefix = PREFIXES[wrapper][0]
@@ -249,7 +249,7 @@ def test_a_class_that_failed_before_the_patch_shards_after_it(order: str, newer_
     env = {} if order == "transformers" else {"PYTHONPATH": str(newer_transformers)}
     reports = {}
     for mode in (None, "0"):
-        result = run_program(HERE / "stale_entry.py", order,
+        result = run_program(PROGRAMS / "stale_entry.py", order,
                             env=environment(FSDP_AUTOPATCH=mode, **env))
         (reports[mode],) = json_lines(result.stdout)
     patched, unpatched = reports[None], reports["0"]
@@ -271,7 +271,7 @@ def test_monkeypatches_of_the_wrapper_reach_abc_modules_as_they_reach_others(wra
     """A profiler or ``monkeypatch`` replacing ``FSDPModule.reshard`` (or a method of composable
     DDP's ``DDP``): ABC modules (wrapped before or after) call the replacement as plain modules
     do, go back with it, and lose it with it."""
-    script = HERE / "monkeypatched.py"
+    script = PROGRAMS / "monkeypatched.py"
     result = run_program(script, wrapper, prepared=True)
     (report,) = json_lines(result.stdout)
     prefix = PREFIXES[wrapper][0]
@@ -290,7 +290,7 @@ def test_monkeypatches_of_the_wrapper_reach_abc_modules_as_they_reach_others(wra
 
 @pytest.mark.ci_tier
 def test_status_lists_each_class_that_went_through_the_patched_site() -> None:
-    result = run_program(HERE / "classes_of_a_run.py", env=environment(FSDP_AUTOPATCH_LOG="debug"))
+    result = run_program(PROGRAMS / "classes_of_a_run.py", env=environment(FSDP_AUTOPATCH_LOG="debug"))
     (report,) = json_lines(result.stdout)
     status = report["heads"]
     assert json.loads(json.dumps(status)) == status
@@ -331,7 +331,7 @@ def test_classes_with_creation_side_effects_match_torch_alone(
     runs = {}
     for label, env in {"patched": {}, "disabled": {"FSDP_AUTOPATCH": "0"}, "fixed": fixed,
                        "fixed-forced": dict(fixed, FSDP_AUTOPATCH="force")}.items():
-        result = run_program(HERE / "side_effects.py", wrapper, env=environment(**env), prepared=True)
+        result = run_program(PROGRAMS / "side_effects.py", wrapper, env=environment(**env), prepared=True)
         (runs[label],) = json_lines(result.stdout)
     bug = layout_bug_here()
     assert [runs[label]["applied"] for label in runs] == [bug, False, False, True]
@@ -372,8 +372,8 @@ def test_a_class_whose_construction_shards_another_module(wrapper: str) -> None:
     """No deadlock where torch has none: the construction of ``FSDPOuter`` (``DDPOuter``) wraps
     an ``Inner`` from ``__init_subclass__``, patched as without the patch."""
     for mode in (None, "0"):
-        result = run_program(HERE / "shards_while_built.py", wrapper, env=environment(FSDP_AUTOPATCH=mode),
-                             timeout=120, prepared=True)
+        result = run_program(PROGRAMS / "shards_while_built.py", wrapper,
+                             env=environment(FSDP_AUTOPATCH=mode), timeout=120, prepared=True)
         assert json_lines(result.stdout) == [{"outer": f"{PREFIXES[wrapper][0]}Outer"}]
 
 
@@ -384,7 +384,8 @@ def test_readers_of_torchs_class_caches_see_torchs_dict() -> None:
     class where CPython refuses torch's, the plain class's own."""
     runs = {}
     for mode in (None, "0"):
-        result = run_program(HERE / "cache_readers.py", env=environment(FSDP_AUTOPATCH=mode), prepared=True)
+        result = run_program(PROGRAMS / "cache_readers.py", env=environment(FSDP_AUTOPATCH=mode),
+                             prepared=True)
         (runs[mode],) = json_lines(result.stdout)
     patched, unpatched = runs[None], runs["0"]
     assert patched["applied"] is layout_bug_here() and unpatched["applied"] is False

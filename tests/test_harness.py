@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPOSITORY_ONLY, repository_file
+from conftest import PROGRAMS, REPOSITORY_ONLY, repository_file
 from harness import (
     AFFECTED,
     ROOT,
@@ -171,3 +171,14 @@ def test_the_affected_heads_are_verifys_models_but_its_control() -> None:
     from fsdp_autopatch import _verify
 
     assert AFFECTED == tuple(kind for kind in _verify.MODELS if kind != _verify.CONTROL)
+
+
+def test_every_program_is_listed_and_run() -> None:
+    """tests/programs/README.md names each program, and another file of tests/ runs or imports it."""
+    programs = {path.stem: path for path in PROGRAMS.glob("*.py")}
+    listed = set(re.findall(r"`(\w+)\.py`", (PROGRAMS / "README.md").read_text()))
+    assert sorted(set(programs) - listed) == []
+    sources = {path: path.read_text() for path in [*(ROOT / "tests").glob("*.py"), *programs.values()]}
+    unused = [name for name, own in programs.items()
+              if not any(re.search(rf"\b{name}\b", text) for path, text in sources.items() if path != own)]
+    assert unused == []

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import (
     LAYOUT_ERROR,
+    PROGRAMS,
     environment,
     json_lines,
     layout_bug_here,
@@ -27,7 +28,6 @@ import fsdp_autopatch
 from fsdp_autopatch import DDP_MODULE
 
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).parent
 
 
 def assert_unpatched_torch(report: dict[str, object]) -> None:
@@ -75,7 +75,7 @@ def test_force_mode_patches_whatever_the_versions(installed: Path) -> None:
     assert "force" in report["before"]["reason"] and report["error"] is None
 
 
-IMPORT_BOTH = HERE / "import_both.py"
+IMPORT_BOTH = PROGRAMS / "import_both.py"
 
 
 def test_silent_by_default(real_torch: dict[str, str]) -> None:
@@ -118,7 +118,7 @@ def test_probe_answers_what_fully_shard_does(real_torch: dict[str, str]) -> None
     """The real probe on real torch says "bug" exactly where fully_shard, unpatched, fails on an
     ABC module; through torch's helper or an inline construction alike; and it leaves torch's
     cache alone."""
-    result = run_program(HERE / "probe_and_shard.py", env=environment(FSDP_AUTOPATCH="0"), prepared=True)
+    result = run_program(PROGRAMS / "probe_and_shard.py", env=environment(FSDP_AUTOPATCH="0"), prepared=True)
     (report,) = json_lines(result.stdout)
     bug = report["error"] is not None and LAYOUT_ERROR in report["error"]
     assert report["error"] is None or bug, report["error"]
@@ -146,7 +146,7 @@ def test_unknown_fsdp2_layout_is_said_within_the_import(real_torch: dict[str, st
     """FSDP2 imported, ``fully_shard`` there, none of the known sites: the status says so within
     that import, with one warning; composable DDP, imported with it, is still patched once
     transformers is there."""
-    moved = run_program(HERE / "moved_name.py", "fsdp2-then-transformers",
+    moved = run_program(PROGRAMS / "moved_name.py", "fsdp2-then-transformers",
                         env=environment(FSDP_AUTOPATCH_LOG="info"))
     first, second = json_lines(moved.stdout)
     status = first["at_fsdp2"]
@@ -168,10 +168,10 @@ def test_unknown_fsdp2_layout_is_said_within_the_import(real_torch: dict[str, st
     said = [f"fsdp-autopatch: cannot fix FSDP2 fully_shard's layout bug for ABC modules here: {problem} "
             "(upgrade fsdp-autopatch)"] if layout_bug_here() else []
     assert [line for line in own_lines(moved.stderr) if not line.startswith(CANNOT_RUN_RECORD)] == said
-    assert own_lines(run_program(HERE / "moved_name.py", "fsdp2-then-transformers").stderr) == said
+    assert own_lines(run_program(PROGRAMS / "moved_name.py", "fsdp2-then-transformers").stderr) == said
 
     # The same process with torch's names where they are: waiting for transformers, silent.
-    known = run_program(HERE / "moved_name.py", "fsdp2-then-transformers", "--keep",
+    known = run_program(PROGRAMS / "moved_name.py", "fsdp2-then-transformers", "--keep",
                         env=environment(FSDP_AUTOPATCH_LOG="info"))
     first, second = json_lines(known.stdout)
     assert first["at_fsdp2"]["reason"] == "waiting for transformers to be imported"
@@ -183,7 +183,7 @@ def test_unknown_fsdp2_layout_is_said_within_the_import(real_torch: dict[str, st
 
 @pytest.mark.ci_tier
 def test_replicate_site_that_cannot_be_patched_is_said_once(real_torch: dict[str, str]) -> None:
-    result = run_program(HERE / "moved_name.py", "replicate",
+    result = run_program(PROGRAMS / "moved_name.py", "replicate",
                          env=environment(FSDP_AUTOPATCH_LOG="info", FSDP_AUTOPATCH="force"))
     (status,) = json_lines(result.stdout)
     assert status["applied"] is True
@@ -199,7 +199,7 @@ def test_locks_are_free_in_a_child_forked_while_a_thread_holds_them(installed: P
     """A thread holds the hooks' lock, the patch's lock and the class records' lock when another
     forks: the child, which has no such thread, can still take them all (it would wait forever
     otherwise), through the package's one fork handler."""
-    result = run_program(HERE / "fork_while_locked.py", env=environment(FSDP_AUTOPATCH="0"))
+    result = run_program(PROGRAMS / "fork_while_locked.py", env=environment(FSDP_AUTOPATCH="0"))
     assert result.stdout.strip() == "0"
 
 
@@ -219,7 +219,7 @@ def test_replicate_import_running_when_the_patch_is_armed_is_patched_when_it_end
     """``apply()`` (no start-up file) while another thread is inside replicate_with_fsdp's import:
     wrapt calls the hook at once, on the half-run module, and never again; the patch waits for
     that import to finish and then patches replicate()'s site, with no warning."""
-    result = run_program(HERE / "apply_during_replicate_import.py",
+    result = run_program(PROGRAMS / "apply_during_replicate_import.py",
                          env=environment(FSDP_AUTOPATCH_LOG="info"))
     (report,) = json_lines(result.stdout)
     assert warnings_of(result.stderr) == []
@@ -237,7 +237,7 @@ def test_status_says_applied_only_after_the_fix_passed_its_self_check(real_torch
     """A torch whose fully_shard does not reach the replaced ``type``: the self-check fails, the
     status says fully_shard runs unpatched and why, one warning, and the builtin is back where
     no other site needs the stand-in; composable DDP, which passes, stays patched."""
-    result = run_program(HERE / "calls_a_copy.py", env=environment(FSDP_AUTOPATCH_LOG="info"))
+    result = run_program(PROGRAMS / "calls_a_copy.py", env=environment(FSDP_AUTOPATCH_LOG="info"))
     (report,) = json_lines(result.stdout)
     assert_unpatched_torch(report)
     if not layout_bug_here():  # nothing to patch, so nothing to check
@@ -251,7 +251,7 @@ def test_status_says_applied_only_after_the_fix_passed_its_self_check(real_torch
                               f"{FULLY_SHARD_SITE}.fully_shard: ")
     assert warning.removeprefix("fsdp-autopatch INFO: ") in status["reason"]
     # The same code with torch untouched passes the check.
-    untouched = run_program(HERE / "calls_a_copy.py", "--untouched")
+    untouched = run_program(PROGRAMS / "calls_a_copy.py", "--untouched")
     (report,) = json_lines(untouched.stdout)
     assert report["status"]["applied"] is True and report["error"] is None
     assert report["stand_in"] == ["TypeStandIn", 1]
@@ -261,20 +261,20 @@ def test_status_says_applied_only_after_the_fix_passed_its_self_check(real_torch
 def test_a_decision_that_cannot_tell_is_said(real_torch: dict[str, str]) -> None:
     """A torch newer than the matrix whose construction cannot be probed: not patched; the log
     records it at INFO, and the one line says it by default, since the heads may fail."""
-    result = run_program(HERE / "newer_unprobed.py", env=environment(FSDP_AUTOPATCH_LOG="info"))
+    result = run_program(PROGRAMS / "newer_unprobed.py", env=environment(FSDP_AUTOPATCH_LOG="info"))
     (status,) = json_lines(result.stdout)
     assert status["applied"] is False and status["in_matrix"] is None
     assert "newer than the matrix" in status["reason"] and "could not be probed" in status["reason"]
     assert warnings_of(result.stderr) == [
         f"fsdp-autopatch INFO: not patching (decided by the version matrix): {status['reason']}"]
     # The user reads it by default too, once.
-    told = own_lines(run_program(HERE / "newer_unprobed.py").stderr)
+    told = own_lines(run_program(PROGRAMS / "newer_unprobed.py").stderr)
     assert told == [f"fsdp-autopatch: cannot fix the layout bug for ABC modules here: {status['reason']}"]
 
 
 @pytest.mark.ci_tier
 def test_unknown_layout_names_transformers_when_it_is_imported(real_torch: dict[str, str]) -> None:
-    moved = run_program(HERE / "moved_name.py", "transformers-then-fsdp2")
+    moved = run_program(PROGRAMS / "moved_name.py", "transformers-then-fsdp2")
     (status,) = json_lines(moved.stdout)
     assert "FSDP2 layout is unknown" in status["reason"]
     assert status["transformers"] == real_torch["transformers"] and status["torch"] is not None
@@ -284,7 +284,7 @@ def test_unknown_layout_names_transformers_when_it_is_imported(real_torch: dict[
 @pytest.mark.parametrize("delay", [0.0, 0.005, 0.01])
 def test_apply_while_another_thread_imports_fsdp2(installed: Path, delay: float) -> None:
     path = [str(installed), str(Path(fsdp_autopatch.__file__).parent.parent)]
-    result = run_program(HERE / "apply_during_fsdp2_import.py", str(delay), *path, flags=("-S",))
+    result = run_program(PROGRAMS / "apply_during_fsdp2_import.py", str(delay), *path, flags=("-S",))
     (status,) = json_lines(result.stdout)
     assert status["applied"] is layout_bug_here(), status
     assert not status["reason"].startswith("waiting"), status

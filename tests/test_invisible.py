@@ -1,6 +1,6 @@
 """Where torch works unaided, a process with the package is a process with torch alone.
 
-tests/invisible.py runs in fresh interpreters with real torch, transformers and a 1-rank gloo
+tests/programs/invisible.py runs in fresh interpreters with real torch, transformers and a 1-rank gloo
 group, once with the package and once with ``FSDP_AUTOPATCH=0``, and the two reports are compared:
 the modules the patch touches (names, star imports, ``eval``, annotations), the classes left in
 torch's hierarchies after arming, classes freed once their modules and torch's cache let go,
@@ -10,21 +10,20 @@ after a reload. Only the layout error of an ABC-first module differs: the bug, f
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import environment, json_lines, layout_bug_here, run_program
+from conftest import PROGRAMS, environment, json_lines, layout_bug_here, run_program
 
 pytestmark = pytest.mark.slow
 
-PROGRAM = Path(__file__).with_name("invisible.py")
+PROGRAM = PROGRAMS / "invisible.py"
 # What torch alone does with an ABC-first module, and what the package makes of it.
 UNPATCHED, PATCHED = "layout", "wrapped"
 
 
 def run(part: str, *args: str, **env: str) -> dict[str, Any]:
-    # invisible.py begins as tests/prepared.py does: FSDP2, then transformers.
+    # invisible.py begins as tests/programs/prepared.py does: FSDP2, then transformers.
     (report,) = json_lines(run_program(PROGRAM, part, *args, env=environment(**env), prepared=True).stdout)
     return report
 
@@ -91,7 +90,7 @@ def test_torch_compile_treats_a_compatible_class_as_its_abc_last_twin(real_torch
             assert first["forward"]["graph_breaks"] >= 1, "the counts are read"
 
 
-IDENTITY = Path(__file__).with_name("identity_classes.py")
+IDENTITY = PROGRAMS / "identity_classes.py"
 
 
 @pytest.mark.ci_tier
@@ -131,7 +130,7 @@ def test_classes_are_told_apart_by_identity_never_by_a_metaclass_eq_or_hash(
 def test_a_compatible_class_takes_the_namespace_torch_passes_in_that_call(real_torch: dict[str, str]) -> None:
     """A deep-copy stub rebound after the imports is on the ABC-first head's class as on its twin's."""
     def report(**env: str) -> dict[str, Any]:
-        program = Path(__file__).with_name("namespace_of_the_call.py")
+        program = PROGRAMS / "namespace_of_the_call.py"
         (found,) = json_lines(run_program(program, env=environment(**env), prepared=True).stdout)
         return found
 
@@ -149,7 +148,7 @@ def test_a_users_class_hook_meets_torchs_frames_and_one_of_the_package(real_torc
     alone shows, and one frame of the package's: the stand-in for ``type`` torch's code calls
     (docs/how-it-works.md#limits), which a ``stacklevel=2`` warning names too."""
     def report(**env: str) -> dict[str, Any]:
-        program = Path(__file__).with_name("refusing_hook.py")
+        program = PROGRAMS / "refusing_hook.py"
         (found,) = json_lines(run_program(program, env=environment(**env), prepared=True).stdout)
         return found
 
@@ -171,7 +170,7 @@ def test_cprofile_lists_torchs_builder_as_torch_alone_does(real_torch: dict[str,
     """torch 2.11+'s shared builder, under cProfile: called by fully_shard twice, as without the
     package; the probe and the self-check run its code under a label of their own."""
     def report(**env: str) -> dict[str, Any]:
-        program = Path(__file__).with_name("profiled.py")
+        program = PROGRAMS / "profiled.py"
         (found,) = json_lines(run_program(program, env=environment(**env)).stdout)
         return found
 

@@ -1,30 +1,28 @@
 """Megatron-FSDP's experimental ``fully_shard`` is a site like torch's, proven on the CPU.
 
-tests/megatron_wrap.py runs with real megatron-fsdp, torch and transformers on a 1-rank gloo
+tests/programs/megatron_wrap.py runs with real megatron-fsdp, torch and transformers on a 1-rank gloo
 group, with the package and with ``FSDP_AUTOPATCH=0``: the affected head's decoder layers and root,
 a user's ``abc.ABC``-first module, and plain modules. Its forward needs CUDA, so the training
-proof is tests/megatron_train.py, run where a GPU is lent (test_megatron_trains_on_cuda).
+proof is tests/programs/megatron_train.py, run where a GPU is lent (test_megatron_trains_on_cuda).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import environment, json_lines, layout_bug_here, run_program
+from conftest import PROGRAMS, environment, json_lines, layout_bug_here, run_program
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).parent
 SITE = "megatron_fsdp.experimental.fully_shard.fully_shard"
 
 
 def run(program: str, *args: str, prepared: bool = False, **env: str) -> dict[str, Any]:
     pytest.importorskip("megatron_fsdp", reason="megatron-fsdp is not installed; the tests session has it")
-    result = run_program(HERE / program, *args, env=environment(**env), prepared=prepared)
+    result = run_program(PROGRAMS / program, *args, env=environment(**env), prepared=prepared)
     (report,) = json_lines(result.stdout)
     return report
 
@@ -66,9 +64,9 @@ def test_megatron_trains_on_cuda() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("Megatron-FSDP's forward needs CUDA; run on a machine with a GPU: "
-                    "python tests/megatron_train.py (exit 0 patched, 1 with FSDP_AUTOPATCH=0)")
+                    "python tests/programs/megatron_train.py (exit 0 patched, 1 with FSDP_AUTOPATCH=0)")
     patched = run("megatron_train.py")
     assert patched["trained"] is True and patched["max_loss_difference"] < 1e-4
-    alone = subprocess.run([sys.executable, str(HERE / "megatron_train.py")], capture_output=True, text=True,
-                           env=environment(FSDP_AUTOPATCH="0"), timeout=600, check=False)
+    alone = subprocess.run([sys.executable, str(PROGRAMS / "megatron_train.py")], capture_output=True,
+                           text=True, env=environment(FSDP_AUTOPATCH="0"), timeout=600, check=False)
     assert alone.returncode == 1 and "object layout differs" in alone.stdout

@@ -1,6 +1,6 @@
 """The parts of ``_patch`` that need no torch: the list of classes the status shows, and the
 builder's code redirected to the stand-in for ``type``, driven here in a module built like
-torch's sites (tests/site_stand_in.py), each against the same module unpatched.
+torch's sites (tests/programs/site_stand_in.py), each against the same module unpatched.
 The sites themselves are exercised on real torch in test_fully_shard.py, test_hooks.py and
 test_replicate.py."""
 
@@ -16,10 +16,10 @@ import threading
 import types
 import typing
 import weakref
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from conftest import PROGRAMS
 
 from fsdp_autopatch import _layout, _patch, _sites
 
@@ -61,11 +61,11 @@ class GenericHead(typing.Generic[T], Plain):  # refused by every CPython, 3.15 i
     pass
 
 
-STAND_IN_SOURCE = Path(__file__).with_name("site_stand_in.py")
+STAND_IN_SOURCE = PROGRAMS / "site_stand_in.py"
 
 
 def load(name: str) -> types.ModuleType:
-    """A fresh copy of tests/site_stand_in.py, imported as ``name``."""
+    """A fresh copy of tests/programs/site_stand_in.py, imported as ``name``."""
     spec = importlib.util.spec_from_file_location(name, STAND_IN_SOURCE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -1,7 +1,7 @@
 """torch's plugin route: armed in every interpreter that imports torch, ``.pth`` read or not, and
 never a cause of a failed ``import torch``.
 
-The real-torch tests run tests/arm_route.py with ``python -S`` (no start-up file is read) in two
+The real-torch tests run tests/programs/arm_route.py with ``python -S`` (no start-up file is read) in two
 layouts: the package installed by ``pip install --target`` and put on ``PYTHONPATH`` beside the
 environment's torch, and the environment's own installation with its start-up files unread. The
 fault tests use a fake torch whose import ends as torch 2.5+'s does, calling every entry point of
@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from conftest import (
     PLUGIN_MODULE,
+    PROGRAMS,
     environment,
     fake_torch,
     fake_transformers,
@@ -35,7 +36,7 @@ from conftest import (
 import fsdp_autopatch
 from fsdp_autopatch import _config, _matrix
 
-PROGRAM = Path(__file__).with_name("arm_route.py")
+PROGRAM = PROGRAMS / "arm_route.py"
 PLUGIN_ROUTE = fsdp_autopatch.PLUGIN_ROUTE
 # With the patch on, each wrapper wraps the ABC head (None); unpatched, CPython refuses it.
 WRAPPED = {"fully_shard": None, "replicate": None}
@@ -104,7 +105,7 @@ def test_either_switch_keeps_the_plugin_route_from_arming(
     assert report["imported_by_import_torch"] == expected
 
 
-TORCH_ALONE = Path(__file__).with_name("torch_alone_imports.py")
+TORCH_ALONE = PROGRAMS / "torch_alone_imports.py"
 
 
 @pytest.mark.slow

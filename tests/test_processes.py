@@ -1,7 +1,7 @@
 """Every process of a training job runs patched, however it was started.
 
 A job's ranks are started by torchrun, by multiprocessing (spawn or fork), or by a plain
-subprocess. Each rank here (tests/rank_step.py) joins a two-rank gloo group, shards each
+subprocess. Each rank here (tests/programs/rank_step.py) joins a two-rank gloo group, shards each
 affected transformers head and trains it next to an unsharded copy. With ``FSDP_AUTOPATCH=0``
 in the launcher's environment, which every child inherits, no rank is patched and the layout
 error comes back.
@@ -18,6 +18,7 @@ import pytest
 from conftest import (
     AFFECTED,
     LAYOUT_ERROR,
+    PROGRAMS,
     assert_trains_like_unsharded,
     ci_tier,
     environment,
@@ -32,16 +33,15 @@ from fsdp_autopatch._verify import free_port
 pytestmark = pytest.mark.slow
 
 JOB_TIMEOUT = 600
-HERE = Path(__file__).parent
-RANK_STEP, LAUNCH = HERE / "rank_step.py", HERE / "launch.py"
+RANK_STEP, LAUNCH = PROGRAMS / "rank_step.py", PROGRAMS / "launch.py"
 
 
 Ranks = dict[int, dict[str, dict[str, Any]]]
 
 
 def launch(where: Path, launcher: str, **variables: Optional[str]) -> tuple[Ranks, str]:
-    """Start a two-rank job with ``launcher`` (tests/rank_step.py's ranks, started by torchrun
-    or by tests/launch.py); per rank, its JSON line for each head, and the job's stderr."""
+    """Start a two-rank job with ``launcher`` (tests/programs/rank_step.py's ranks, started by torchrun
+    or by tests/programs/launch.py); per rank, its JSON line for each head, and the job's stderr."""
     if launcher == "torchrun":
         result = torchrun(RANK_STEP, env=environment(LAUNCHER=launcher, **variables), cwd=where,
                           timeout=JOB_TIMEOUT)

@@ -12,11 +12,10 @@ import), after both, and after both from a worker thread.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LAYOUT_ERROR, ci_tier, environment, json_lines, layout_bug_here, run_program
+from conftest import LAYOUT_ERROR, PROGRAMS, ci_tier, environment, json_lines, layout_bug_here, run_program
 from import_order import THREAD, spec
 
 from fsdp_autopatch import _matrix, _sites
@@ -37,9 +36,8 @@ IMPORTS = {
     # As replicate-last, with replicate_with_fsdp imported by a worker thread.
     "replicate-in-thread": ("torch.distributed.fsdp", "transformers", THREAD + REPLICATE),
 }
-HERE = Path(__file__).parent
 ORDERS = list(IMPORTS)
-# The orders that begin as tests/prepared.py does (FSDP2, then transformers): their cases run in
+# The orders that begin as tests/programs/prepared.py does (FSDP2, then transformers): their cases run in
 # a child of the prepared interpreter; the others in a fresh one.
 PREPARED_ORDERS = ("replicate-last", "replicate-in-thread")
 
@@ -49,7 +47,7 @@ PREPARED_ORDERS = ("replicate-last", "replicate-in-thread")
 
 def replicate_and_train(order: str, **env: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The patch's status and, per model, what replicate() and a train step did."""
-    result = run_program(HERE / "replicate_train.py", spec(*IMPORTS[order]), ABC_HEAD, PLAIN,
+    result = run_program(PROGRAMS / "replicate_train.py", spec(*IMPORTS[order]), ABC_HEAD, PLAIN,
                          env=environment(**env), prepared=order in PREPARED_ORDERS)
     lines = json_lines(result.stdout)
     (status,) = [line["status"] for line in lines if "status" in line]
@@ -118,7 +116,7 @@ def test_replicate_trains_abc_headed_and_plain_models(
 def test_monkeypatches_of_replicatemodule_reach_abc_modules_as_they_reach_others(
     replicate_builds_classes: None,
 ) -> None:
-    result = run_program(HERE / "replicate_monkeypatched.py", prepared=True)
+    result = run_program(PROGRAMS / "replicate_monkeypatched.py", prepared=True)
     (report,) = json_lines(result.stdout)
     assert report == {
         "before": ["torch's reshard"] * 2,
@@ -127,7 +125,7 @@ def test_monkeypatches_of_replicatemodule_reach_abc_modules_as_they_reach_others
         "removed": ["fsdp's ReplicatePlain", "fsdp's ReplicateHead"],
         "restored": ["torch's reshard"] * 2,
     }, report
-    alone = run_program(HERE / "replicate_monkeypatched.py", env=environment(FSDP_AUTOPATCH="0"),
+    alone = run_program(PROGRAMS / "replicate_monkeypatched.py", env=environment(FSDP_AUTOPATCH="0"),
                         prepared=True)
     (report,) = json_lines(alone.stdout)
     assert report["added"] == ["replicate's ReplicatePlain",

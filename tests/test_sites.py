@@ -17,11 +17,17 @@ from typing import Any, Callable
 
 import pytest
 import version_table
-from conftest import fake_torch, fake_transformers, json_lines, make_throwaway, run_program, site_packages
+from conftest import (
+    PROGRAMS,
+    fake_torch,
+    fake_transformers,
+    json_lines,
+    make_throwaway,
+    run_program,
+    site_packages,
+)
 
 from fsdp_autopatch import _patch, _sites
-
-HERE = Path(__file__).parent
 
 TYPE_GLOBAL = """
 def builder(modules, cache, wrapper, prefix, deepcopy):
@@ -193,7 +199,7 @@ def test_the_wrappers_call_super_only_for_their_own_name() -> None:
     same-named method reaches with ``super()`` (FSDPModule._apply); that is every
     case while torch's wrappers call ``super()`` for their own name alone."""
     installed("torch")
-    (report,) = json_lines(run_program(HERE / "wrapper_super_calls.py").stdout)
+    (report,) = json_lines(run_program(PROGRAMS / "wrapper_super_calls.py").stdout)
     assert report, "no wrapper method calls super(): the sweep did not see torch's classes"
     for method, names in report.items():
         assert set(names) <= {method.rsplit(".", 1)[1]}, (method, names)
@@ -212,7 +218,7 @@ def test_a_new_class_swap_in_torch_fails_the_sweep(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------- a made-up site
 
 # A torch release that moves composable DDP's construction into a helper of another module, whose
-# parameters have names and an order of their own (tests/made_up_site.py holds its Site row).
+# parameters have names and an order of their own (tests/programs/made_up_site.py holds its Site row).
 MADE_UP_HELPER = """
 def _wrap_class(wrapper_cls, targets, name_prefix, cache, deepcopy_fn):
     for target in targets:
@@ -252,7 +258,7 @@ def test_a_made_up_site_reaches_the_patch_the_probe_doctor_and_the_sweep(
     distributed = env.site / "torch" / "distributed"
     (distributed / "_composable_state.py").write_text(MADE_UP_HELPER)
     (distributed / "_composable" / "replicate.py").write_text(MADE_UP_REPLICATE)
-    result = env.run_program(HERE / "made_up_site.py")
+    result = env.run_program(PROGRAMS / "made_up_site.py")
     assert result.returncode == 0 and result.stderr == "", result.stderr
     (report,) = json_lines(result.stdout)
     status, classes = report["status"], report["classes"]
@@ -276,7 +282,7 @@ def test_a_made_up_site_reaches_the_patch_the_probe_doctor_and_the_sweep(
     assert unaccounted(swaps) == []
 
 
-# A made-up release's new API in a module of its own (tests/made_up_api.py holds its rows).
+# A made-up release's new API in a module of its own (tests/programs/made_up_api.py holds its rows).
 MADE_UP_MODULE = """
 def _unimplemented_deepcopy(*args, **kwargs):
     raise AssertionError("does not support deepcopy")
@@ -310,7 +316,7 @@ def test_a_new_api_is_rows_reaching_the_patch_the_probe_doctor_and_the_sweep(
     fake_torch(env.site)
     fake_transformers(env.site)
     (env.site / "torch" / "distributed" / "_composable" / "test_only_made_up.py").write_text(MADE_UP_MODULE)
-    result = env.run_program(HERE / "made_up_api.py")
+    result = env.run_program(PROGRAMS / "made_up_api.py")
     assert result.returncode == 0 and result.stderr == "", result.stderr
     (report,) = json_lines(result.stdout)
     status, classes = report["status"], report["classes"]

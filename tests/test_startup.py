@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import (
+    PROGRAMS,
     ROOT,
     ci_tier,
     environment,
@@ -40,11 +41,11 @@ HEAVY = {"wrapt", "importlib.metadata", "importlib_metadata", "packaging", "logg
          "transformers", "dataclasses", "threading"}
 # Of ours and wrapt's, what a fresh interpreter has loaded, whether the package armed, and its
 # watchers on sys.meta_path; after() first imports what the test names.
-STATE = Path(__file__).with_name("startup_state.py")
+STATE = PROGRAMS / "startup_state.py"
 
 
 def spec_of(imports: str) -> str:
-    """``"torch, torch.nn"`` as tests/import_order.py reads it."""
+    """``"torch, torch.nn"`` as tests/programs/import_order.py reads it."""
     return imports.replace(" ", "")
 
 
@@ -258,7 +259,7 @@ def test_torch_alone_loads_nothing_then_fsdp2_patches(real_torch: dict[str, str]
 
 # --- PEP 829: the .start file on Python 3.15+, the .pth line before ----------------------------
 
-COUNTER_MODULE = Path(__file__).with_name("arm_counter.py")
+COUNTER_MODULE = PROGRAMS / "arm_counter.py"
 COUNTERS = {
     "00_arm_counter.pth": "import _arm_counter; _arm_counter.wrap_arm()\n",
     "01_arm_counter.pth": "import _arm_counter; _arm_counter.passes += 1\n",
@@ -270,7 +271,7 @@ def test_start_up_entry_runs_once(tmp_path: Path, installed: Path) -> None:
     shutil.copy2(COUNTER_MODULE, env.site / "_arm_counter.py")
     for name, line in COUNTERS.items():
         (env.site / name).write_text(line)
-    result = env.run_program(Path(__file__).with_name("arm_counted.py"))
+    result = env.run_program(PROGRAMS / "arm_counted.py")
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
     (counted,) = json_lines(result.stdout)
     assert counted["passes"] >= 1, counted
@@ -320,7 +321,7 @@ def test_a_spec_found_before_a_watched_import_pickles_and_copies_as_without_the_
 ) -> None:
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site)
-    runs = {mode: env.run_program(Path(__file__).with_name("spec_copies.py"), FSDP_AUTOPATCH=mode)
+    runs = {mode: env.run_program(PROGRAMS / "spec_copies.py", FSDP_AUTOPATCH=mode)
             for mode in (None, "0")}
     reports = [state_of(run) for run in runs.values()]
     assert reports[0] == reports[1] == {how: ["SourceFileLoader", "torch.distributed.fsdp", True]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, environment, json_lines, run_program, run_python
+from conftest import PROGRAMS, ROOT, environment, json_lines, run_program, run_python
 from harness import build_wheel, make_venv
 
 # Builds wheels and runs pip: seconds each, so with the slow tests.
@@ -106,7 +106,7 @@ def start_up_lines(site: Path) -> list[str]:
             for line in pth.read_text().splitlines() if "fsdp_autopatch" in line]
 
 
-COUNTER_MODULE = Path(__file__).with_name("startup_counter.py")
+COUNTER_MODULE = PROGRAMS / "startup_counter.py"
 PROBES = {
     # Sorted before fsdp_autopatch.pth, so the counter is in place when our line runs.
     "00_startup_counter.pth": "import _startup_counter\n",
@@ -120,7 +120,7 @@ def started(env: Environment) -> dict[str, object]:
     for name, line in PROBES.items():
         (env.site / name).write_text(line)
     try:
-        result = run_program(Path(__file__).with_name("startup_report.py"), python=str(env.python),
+        result = run_program(PROGRAMS / "startup_report.py", python=str(env.python),
                              check=False)
     finally:
         for name in ("_startup_counter.py", *PROBES):
