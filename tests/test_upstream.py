@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ci_tier]
 UPSTREAM = ROOT / "upstream"
 PATCH = UPSTREAM / "torch.patch"
 TORCH_STYLE_TEST = UPSTREAM / "test_wrapper_cls.py"
-RUN = ROOT / "tests" / "upstream_run.py"
+RUN = ROOT / "tests" / "programs" / "upstream_run.py"
 # The models whose class needs the fix; every other one must get torch's own class.
 NEEDS_THE_FIX = ("token-classification", "sequence-classification", "question-answering", "generic-first")
 APIS = (_sites.FULLY_SHARD, _sites.FSDP2_REPLICATE, _sites.DDP_REPLICATE)
@@ -103,6 +103,15 @@ def test_the_patch_changes_only_torch_files() -> None:
     assert files and all(path.startswith("torch/") for path in files)
     assert all(line.startswith("--- a/torch/") for line in PATCH.read_text(encoding="utf-8").splitlines()
                if line.startswith("--- "))
+
+
+def test_the_description_is_a_two_minute_read() -> None:
+    """upstream/README.md is the pull request's description: at most 60 lines, the issue it fixes,
+    and a test plan that names every file run and the lint run."""
+    text = (UPSTREAM / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 60
+    assert "Fixes #160068." in text and "## Test plan" in text and "upstream/lint.py" in text
+    assert TORCH_STYLE_TEST.name in text.split("## Test plan")[1]
 
 
 def test_torch_style_test_passes_on_the_patched_torch_and_fails_without(patched_torch: Path) -> None:
