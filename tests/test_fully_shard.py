@@ -135,7 +135,11 @@ FIRST_FIXED_TRANSFORMERS = "4.55.3"
 
 def shadowing_transformers(request: pytest.FixtureRequest, version: str) -> Path:
     """transformers ``version`` in a directory that shadows the environment's own on PYTHONPATH."""
-    target = Path(request.config.cache.mkdir(f"transformers-{version}"))
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    if cache is not None:
+        target = Path(cache.mkdir(f"transformers-{version}"))
+    else:
+        target = request.getfixturevalue("tmp_path_factory").mktemp(f"transformers-{version}")
     if not (target / "transformers").is_dir():
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
