@@ -266,10 +266,10 @@ def test_a_made_up_site_reaches_the_patch_the_probe_doctor_and_the_sweep(
     assert report["resolved"] and report["probe"] in (_patch.TORCH_REFUSED, _patch.TORCH_ACCEPTED)
     if report["probe"] == _patch.TORCH_REFUSED:  # CPython 3.9 - 3.14: patched through the new helper
         assert status["applied"] and status["sites"] == [f"{_sites.DDP_MODULE}.replicate"], status
-        assert classes["Head"] == {"name": "DDPHead", "is_ddp": True, "torch_bases": False}
+        assert classes["Head"] == {"name": "DDPHead", "is_wrapper": True, "torch_bases": False}
     else:  # CPython 3.15+: torch's class, left alone
         assert not status["applied"] and classes["Head"]["torch_bases"], status
-    assert classes["Plain"] == {"name": "DDPPlain", "is_ddp": True, "torch_bases": True}
+    assert classes["Plain"] == {"name": "DDPPlain", "is_wrapper": True, "torch_bases": True}
     doctor = report["doctor"]
     assert doctor["known"] is True and doctor["text"].endswith("_composable_state._wrap_class"), doctor
     # The sweep: the helper's class swap is unaccounted for without the row, and covered with it.
@@ -323,10 +323,10 @@ def test_a_new_api_is_rows_reaching_the_patch_the_probe_doctor_and_the_sweep(
     assert report["resolved"] and report["probe"] in (_patch.TORCH_REFUSED, _patch.TORCH_ACCEPTED)
     if report["probe"] == _patch.TORCH_REFUSED:  # CPython 3.9 - 3.14
         assert "torch.distributed._composable.test_only_made_up.wrap" in status["sites"], status
-        assert classes["Head"] == {"name": "MadeHead", "is_made": True, "torch_bases": False}
+        assert classes["Head"] == {"name": "MadeHead", "is_wrapper": True, "torch_bases": False}
     else:  # CPython 3.15+: torch's class, left alone
         assert classes["Head"]["torch_bases"], classes
-    assert classes["Plain"] == {"name": "MadePlain", "is_made": True, "torch_bases": True}
+    assert classes["Plain"] == {"name": "MadePlain", "is_wrapper": True, "torch_bases": True}
     assert report["doctor"]["known"] is True, report["doctor"]
     swaps = class_swaps(env.site / "torch")
     found = {swap[:2] for swap in unaccounted(swaps)}

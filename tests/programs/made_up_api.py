@@ -7,9 +7,6 @@ answer and doctor's check of the new API.
     python tests/programs/made_up_api.py        # with the test's stand-in torch (and its made_up module)
 """
 
-import abc
-import json
-
 from fsdp_autopatch import _sites
 
 API = "test-only made-up wrap"
@@ -21,37 +18,10 @@ _sites.SITES = (*_sites.SITES, _sites.Site(API, (2, 99), MODULE, "wrap", ("MadeM
 _sites.WATCHED_MODULES = (*_sites.WATCHED_MODULES, MODULE)
 
 import torch.distributed._composable.test_only_made_up as made_up  # noqa: E402
-import torch.nn  # noqa: E402
 import transformers  # noqa: E402, F401 (an affected release: the hooks decide)
+from made_up_report import wrap_and_report  # noqa: E402
 
-import fsdp_autopatch  # noqa: E402
 from fsdp_autopatch import _doctor, _patch  # noqa: E402
 
-
-class Head(abc.ABC, torch.nn.Module):
-    pass
-
-
-class Plain(torch.nn.Module):
-    pass
-
-
-classes = {}
-for cls in (Head, Plain):
-    module = cls()
-    try:
-        made_up.wrap(module)
-    except TypeError as error:
-        classes[cls.__name__] = {"error": str(error)}
-    else:
-        made = made_up.MadeModule
-        classes[cls.__name__] = {"name": type(module).__name__, "is_made": isinstance(module, made),
-                                 "torch_bases": type(module).__bases__ == (made, cls)}
-construction = _patch.resolve_api(API)
-print(json.dumps({
-    "status": fsdp_autopatch.status().to_dict(),
-    "classes": classes,
-    "resolved": construction is not None,
-    "probe": construction and _patch.probe(construction),
-    "doctor": _doctor.find_site(API, "2.99.0"),
-}))
+wrap_and_report(made_up.wrap, made_up.MadeModule, lambda: _patch.resolve_api(API),
+                lambda: _doctor.find_site(API, "2.99.0"))

@@ -7,9 +7,6 @@ the status, the classes built, the probe's answer and doctor's check at the made
     python tests/programs/made_up_site.py        # with the test's stand-in torch and transformers
 """
 
-import abc
-import json
-
 from fsdp_autopatch import _sites
 
 # The helper's parameters, named in the order of _sites.HELPER_ROLES.
@@ -19,37 +16,12 @@ MADE_UP = _sites.Site(_sites.DDP_REPLICATE, (2, 13), _sites.DDP_MODULE, "replica
                       "unimplemented_deepcopy", builder=HELPER)
 _sites.SITES = (MADE_UP, *_sites.SITES)
 
+import torch  # noqa: E402
 import torch.distributed._composable.replicate as ddp  # noqa: E402
-import torch.nn  # noqa: E402
 import transformers  # noqa: E402, F401 (an affected release: the hooks decide)
+from made_up_report import wrap_and_report  # noqa: E402
 
-import fsdp_autopatch  # noqa: E402
 from fsdp_autopatch import _doctor, _patch  # noqa: E402
 
-
-class Head(abc.ABC, torch.nn.Module):
-    pass
-
-
-class Plain(torch.nn.Module):
-    pass
-
-
-classes = {}
-for cls in (Head, Plain):
-    module = cls()
-    try:
-        ddp.replicate(module)
-    except TypeError as error:
-        classes[cls.__name__] = {"error": str(error)}
-    else:
-        classes[cls.__name__] = {"name": type(module).__name__, "is_ddp": isinstance(module, ddp.DDP),
-                                 "torch_bases": type(module).__bases__ == (ddp.DDP, cls)}
-construction = _patch.resolve(MADE_UP)
-print(json.dumps({
-    "status": fsdp_autopatch.status().to_dict(),
-    "classes": classes,
-    "resolved": construction is not None,
-    "probe": construction and _patch.probe(construction),
-    "doctor": _doctor.find_site(_sites.DDP_REPLICATE, torch.__version__),
-}))
+wrap_and_report(ddp.replicate, ddp.DDP, lambda: _patch.resolve(MADE_UP),
+                lambda: _doctor.find_site(_sites.DDP_REPLICATE, torch.__version__))
