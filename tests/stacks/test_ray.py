@@ -21,9 +21,23 @@ LINE = ("fsdp-autopatch: cannot fix the layout bug for ABC modules here: wrapt i
         "(pip install wrapt)")
 
 
+def interpreter(tmp_path: Path) -> str:
+    """This environment's interpreter, by a path Ray can start workers from. Ray 2.60's raylet
+    starts a ``runtime_env``'s workers through a shell line that does not quote the interpreter's
+    path, so an environment whose path holds a space fails there, with or without the package
+    ("bash: line 1: /tmp/a: No such file or directory"): such an environment is run through a
+    link to it from a path without one."""
+    if not any(character.isspace() for character in sys.prefix):
+        return sys.executable
+    link = tmp_path / "environment"
+    if not link.is_symlink():
+        link.symlink_to(sys.prefix, target_is_directory=True)
+    return str(link / Path(sys.executable).relative_to(sys.prefix))
+
+
 def ray_job(tmp_path: Path, *args: str) -> tuple[list[dict], str]:
     """The actors' results, and what the driver printed on stderr (Ray forwards the actors')."""
-    result = subprocess.run([sys.executable, str(JOB), *args], capture_output=True, text=True,
+    result = subprocess.run([interpreter(tmp_path), str(JOB), *args], capture_output=True, text=True,
                             env=environment(**OFFLINE), cwd=tmp_path, timeout=TIMEOUT, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     (report,) = json_lines(result.stdout)
@@ -44,7 +58,7 @@ def test_ray_actors_shard_and_train_an_affected_head(tmp_path: Path, installed: 
     for rank in off:
         assert rank["mode"] == "off" and (not rank["sharded"] and LAYOUT_ERROR in rank["error"]) is bug
     # wrapt missing on the actors: the driver shows the one line once, not once per actor.
-    missing = tmp_path / "without wrapt"
+    missing = tmp_path / "without-wrapt"
     missing.mkdir()
     (missing / "wrapt.py").write_text('raise ModuleNotFoundError("No module named wrapt", name="wrapt")\n')
     unfixed, said = ray_job(tmp_path, "--pythonpath", str(missing))
