@@ -190,6 +190,11 @@ def run(main: Callable[[list[str]], None], argv: Iterable[str] | None = None) ->
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         main(arguments)
+        if dist.is_initialized():
+            # Both ranks done before either tears gloo down: a rank that exits while its peer
+            # still has gloo work pending can abort at exit ("terminate called without an active
+            # exception"), unpatched torch alike.
+            dist.barrier()
     except Exception as error:
         emit(error=error_text(error))
         if os.environ.get("STACKS_TRACEBACK"):
