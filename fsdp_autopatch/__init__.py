@@ -139,78 +139,93 @@ class FirstImportWatcher:
         return f"<fsdp_autopatch watcher for {', '.join(self.names)}>"
 
 
-class LentLoader:
-    """Stands in for a module's own loader during the one import that hands over."""
-
-    def __init__(self, loader: object, watcher: FirstImportWatcher, spec: object) -> None:
-        self.loader = loader
-        self.watcher = watcher
-        self.spec = spec
-
-    def restore(self, module: object) -> None:
-        # The module sees its real loader, as if this one had never been there.
-        try:
-            if getattr(self.spec, "loader", None) is self:
-                self.spec.loader = self.loader  # type: ignore[attr-defined]
-            if getattr(module, "__loader__", None) is self:
-                module.__loader__ = self.loader  # type: ignore[attr-defined]
-        except Exception:
-            pass
-
-    def __getattr__(self, name: str) -> object:
-        if name == "loader":  # not set yet (a copy in the making): no endless lookup
-            raise AttributeError(name)
-        return getattr(self.loader, name)
-
-    def __reduce_ex__(self, protocol: object) -> object:
-        # A spec found while the hand-over is lent (importlib.util.find_spec before the import)
-        # pickles and deep-copies with (a copy of) the module's own loader, as without the package.
-        import copy
-
-        return copy.copy, (self.loader,)
-
-
-class HandOverLoader(LentLoader):
-    """For a loader with ``exec_module``: hands over in ``create_module``."""
-
-    def create_module(self, spec: object) -> object:
-        self.watcher.hand_over()
-        create_module = getattr(self.loader, "create_module", None)
-        return create_module(spec) if create_module is not None else None
-
-    def exec_module(self, module: object) -> None:
-        self.restore(module)
-        self.loader.exec_module(module)  # type: ignore[attr-defined]
-        # wrapt's finder was not on sys.meta_path when this import was found, so the
-        # post-import hooks for this very module are run from here.
-        notify_loaded(module)
-
-
-class LegacyHandOverLoader(LentLoader):
-    """For a loader with only ``load_module`` (no ``exec_module``, so the import system calls
-    ``load_module``, under the module's lock but not the global import lock)."""
-
-    def load_module(self, fullname: str) -> object:
-        self.watcher.hand_over()
-        module = self.loader.load_module(fullname)  # type: ignore[attr-defined]
-        self.restore(module)
-        notify_loaded(module)
-        return module
-
-
 def lend_loader(spec: object, watcher: FirstImportWatcher) -> bool:
     """Put a hand-over loader in front of ``spec``'s loader; False if it cannot be done."""
     try:
         loader = getattr(spec, "loader", None)
+        modern, legacy = hand_over_loaders()
         if hasattr(loader, "exec_module"):
-            spec.loader = HandOverLoader(loader, watcher, spec)  # type: ignore[attr-defined]
+            spec.loader = modern(loader, watcher, spec)  # type: ignore[attr-defined]
         elif hasattr(loader, "load_module"):
-            spec.loader = LegacyHandOverLoader(loader, watcher, spec)  # type: ignore[attr-defined]
+            spec.loader = legacy(loader, watcher, spec)  # type: ignore[attr-defined]
         else:  # a namespace package, or an unusual spec
             return False
         return True
     except Exception:
         return False
+
+
+_hand_over_loaders: "tuple[type, type] | None" = None
+
+
+def hand_over_loaders() -> "tuple[type, type]":
+    """The two loader classes a watched import is lent, for loaders with and without
+    ``exec_module``. They are built on the first watched import, not at start-up: building a class
+    costs tens of microseconds, and start-up runs in every interpreter (docs/cost.md). The import
+    system calls find_spec under its global lock, so they are built once."""
+    global _hand_over_loaders
+    if _hand_over_loaders is not None:
+        return _hand_over_loaders
+
+    class LentLoader:
+        """Stands in for a module's own loader during the one import that hands over."""
+
+        def __init__(self, loader: object, watcher: FirstImportWatcher, spec: object) -> None:
+            self.loader = loader
+            self.watcher = watcher
+            self.spec = spec
+
+        def restore(self, module: object) -> None:
+            # The module sees its real loader, as if this one had never been there.
+            try:
+                if getattr(self.spec, "loader", None) is self:
+                    self.spec.loader = self.loader  # type: ignore[attr-defined]
+                if getattr(module, "__loader__", None) is self:
+                    module.__loader__ = self.loader  # type: ignore[attr-defined]
+            except Exception:
+                pass
+
+        def __getattr__(self, name: str) -> object:
+            if name == "loader":  # not set yet (a copy in the making): no endless lookup
+                raise AttributeError(name)
+            return getattr(self.loader, name)
+
+        def __reduce_ex__(self, protocol: object) -> object:
+            # A spec found while the hand-over is lent (importlib.util.find_spec before the
+            # import) pickles and deep-copies with (a copy of) the module's own loader, as
+            # without the package.
+            import copy
+
+            return copy.copy, (self.loader,)
+
+    class HandOverLoader(LentLoader):
+        """For a loader with ``exec_module``: hands over in ``create_module``."""
+
+        def create_module(self, spec: object) -> object:
+            self.watcher.hand_over()
+            create_module = getattr(self.loader, "create_module", None)
+            return create_module(spec) if create_module is not None else None
+
+        def exec_module(self, module: object) -> None:
+            self.restore(module)
+            self.loader.exec_module(module)  # type: ignore[attr-defined]
+            # wrapt's finder was not on sys.meta_path when this import was found, so the
+            # post-import hooks for this very module are run from here.
+            notify_loaded(module)
+
+    class LegacyHandOverLoader(LentLoader):
+        """For a loader with only ``load_module`` (no ``exec_module``, so the import system calls
+        ``load_module``, under the module's lock but not the global import lock)."""
+
+        def load_module(self, fullname: str) -> object:
+            self.watcher.hand_over()
+            module = self.loader.load_module(fullname)  # type: ignore[attr-defined]
+            self.restore(module)
+            notify_loaded(module)
+            return module
+
+    _hand_over_loaders = HandOverLoader, LegacyHandOverLoader
+    return _hand_over_loaders
 
 
 def find_spec_after(watcher: object, fullname: str, path: object, target: object) -> object:

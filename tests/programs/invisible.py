@@ -97,9 +97,20 @@ def subclasses(root: type) -> list[str]:
     return sorted(f"{cls.__module__}.{cls.__qualname__}" for cls in seen)
 
 
+def held_by_module(module: object) -> set[int]:
+    """The classes a module holds for good: its globals, the items of a tuple among them (the
+    start-up module's hand-over loaders, built on first use), and their bases."""
+    held: set[int] = set()
+    for value in vars(module).values() if module is not None else ():
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, type):
+                held.update(id(cls) for cls in item.__mro__)
+    return held
+
+
 def own_classes_alive() -> list[str]:
     """Classes the package made at run time (its probe and self-check classes, and what torch
-    built from them) still alive after a collection; its modules' own classes aside."""
+    built from them) still alive after a collection; the classes its modules hold aside."""
     gc.collect()
     found = []
     for value in gc.get_objects():
@@ -107,7 +118,7 @@ def own_classes_alive() -> list[str]:
             continue
         module = value.__dict__.get("__module__")
         if isinstance(module, str) and module.startswith("fsdp_autopatch") and \
-                getattr(sys.modules.get(module), value.__name__, None) is not value:
+                id(value) not in held_by_module(sys.modules.get(module)):
             found.append(f"{module}.{value.__qualname__}")
     return sorted(found)
 
