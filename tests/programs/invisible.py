@@ -19,6 +19,7 @@ import inspect
 import json
 import sys
 import threading
+import types
 import typing
 import weakref
 from typing import Any, Callable
@@ -97,11 +98,11 @@ def subclasses(root: type) -> list[str]:
     return sorted(f"{cls.__module__}.{cls.__qualname__}" for cls in seen)
 
 
-def held_by_module(module: object) -> set[int]:
+def held_by_module(module: types.ModuleType) -> set[int]:
     """The classes a module holds for good: its globals, the items of a tuple among them (the
     start-up module's hand-over loaders, built on first use), and their bases."""
     held: set[int] = set()
-    for value in vars(module).values() if module is not None else ():
+    for value in vars(module).values():
         for item in value if isinstance(value, tuple) else (value,):
             if isinstance(item, type):
                 held.update(id(cls) for cls in item.__mro__)
@@ -112,13 +113,15 @@ def own_classes_alive() -> list[str]:
     """Classes the package made at run time (its probe and self-check classes, and what torch
     built from them) still alive after a collection; the classes its modules hold aside."""
     gc.collect()
+    held = {name: held_by_module(module) for name, module in list(sys.modules.items())
+            if name.startswith("fsdp_autopatch") and module is not None}
     found = []
     for value in gc.get_objects():
         if not isinstance(value, type):
             continue
         module = value.__dict__.get("__module__")
         if isinstance(module, str) and module.startswith("fsdp_autopatch") and \
-                id(value) not in held_by_module(sys.modules.get(module)):
+                id(value) not in held.get(module, ()):
             found.append(f"{module}.{value.__qualname__}")
     return sorted(found)
 
