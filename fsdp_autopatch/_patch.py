@@ -7,7 +7,7 @@ object stays, so every alias of ``fully_shard`` and ``replicate`` users hold rea
 binds a ``TypeStandIn`` under that name. The module's own ``type`` stays the builtin, so its
 public names, star imports, annotations and ``eval`` are torch's alone. For the site's call shape
 the stand-in calls what ``upstream/torch.patch`` has torch call there instead of ``type``:
-``_wrapper_cls.make_wrapper_cls``, run as if torch's module defined it (``_layout.in_module``),
+``_wrapper_cls.make_wrapper_cls``, called as if from torch's module (``_layout.called_from``),
 which builds torch's own class wherever CPython accepts it and a layout-compatible one where not.
 Every other call is the builtin's (or whatever the module's ``type`` is now, if a user rebound it).
 What stays around that function is the package's own: the records, the log, ``status()``.
@@ -122,6 +122,7 @@ def after_fork_in_child() -> None:
     global _lock
     _lock = threading.RLock()
     classes._lock = threading.Lock()
+    _wrapper_cls._mirrors_lock = threading.RLock()
 
 
 def _outcome(construction: Construction, cls: type, built: type) -> tuple[str, Optional[type], Optional[str]]:
@@ -173,8 +174,8 @@ class TypeStandIn:
         self.module_name = module_name
         # type() names a new class's __module__ after the calling frame's globals: torch's module,
         # for the classes of the fix as for every other call.
-        self.build = _layout.type_called_from(module_name)
-        self.make_wrapper_cls = _layout.in_module(_wrapper_cls.make_wrapper_cls, module_name)
+        self.build = _layout.called_from(module_name, builtins.type)
+        self.make_wrapper_cls = _layout.called_from(module_name, _wrapper_cls.make_wrapper_cls)
         self.constructions: dict[int, Construction] = {}  # by the identity of the wrapper class
         # The functions whose code loads this stand-in: function -> its code before.
         self.originals: dict[FunctionType, CodeType] = {}
@@ -579,7 +580,7 @@ def _apply_construction(construction: Construction, instance: object, patched: b
         elif patched:
             build = module.__dict__.get(PRIVATE_TYPE, builtins.type)
         else:
-            build = _layout.type_called_from(module.__name__)
+            build = _layout.called_from(module.__name__, builtins.type)
         cls = type(instance)
         bases = (construction.wrapper, cls)
         instance.__class__ = build(construction.name(cls), bases, construction.namespace())

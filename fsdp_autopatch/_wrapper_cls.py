@@ -10,12 +10,22 @@ ahead of ``nn.Module`` adds its ``__dict__`` on top of that base, while
 ``wrapper_cls`` adds its own on top of ``object``: Python refuses the switch
 ("object layout differs"). For such a module, ``make_wrapper_cls`` puts a mirror
 of ``wrapper_cls`` that sits on that base first instead.
+
+No code of the module's classes runs here beyond what ``type(name, bases,
+namespace)`` runs for the one class each call builds: Python is asked with
+instances of the wrapper class and of a class of this module's, and mirrors
+are built on a class of this module's and then moved onto their base by
+``__bases__`` assignment, which checks layouts as ``__class__`` assignment does
+and calls no class hook.
 """
 
 # https://github.com/pytorch/pytorch/issues/160068
 
 from __future__ import annotations
 
+import functools
+import sys
+import threading
 import types
 import typing
 import weakref
@@ -58,14 +68,35 @@ _CLASS_ATTRS = frozenset(
         "_abc_impl",
     }
 )
-# ``typing.Generic`` can be a base only with parameters.
-_T = typing.TypeVar("_T")
-# Mirrors by (wrapper class, base, names they stand in for), kept while a class
-# uses one. Keyed by id, so that no metaclass ``__eq__`` runs; a mirror holds
-# both classes, so their ids stay theirs while it lives.
+# Mirrors by (wrapper class, base, names they forward), kept while a class uses
+# one. Keyed by id, so that no metaclass ``__eq__`` runs; a mirror holds both
+# classes, so their ids stay theirs while it lives.
 _mirrors: weakref.WeakValueDictionary[tuple[int, int, frozenset[str]], type] = (
     weakref.WeakValueDictionary()
 )
+# Held while a mirror is looked up and built, so that every module on a base
+# gets the same one. Building one runs no code of the module's classes.
+_mirrors_lock = threading.RLock()
+
+
+class _Unplaced:
+    """Where a mirror is built before it moves onto its base."""
+
+    __slots__ = ()
+
+
+# ``typing.Generic`` can be a base only with parameters.
+_T = typing.TypeVar("_T")
+
+
+class _UnplacedGeneric(typing.Generic[_T]):
+    """
+    Where a mirror of a ``typing.Generic`` base is built: from Python 3.15,
+    ``__bases__`` assignment walks a layout chain only down to the first class
+    defined in C, which ``typing.Generic`` is.
+    """
+
+    __slots__ = ()
 
 
 def make_wrapper_cls(
@@ -74,14 +105,19 @@ def make_wrapper_cls(
     """
     Build the class that a module wrapped in place switches to.
 
-    Called in place of ``type(name, bases, namespace)``, it returns that class
-    wherever Python allows a module of class ``cls`` to switch to it. Where
-    Python refuses it, the first base is a mirror of ``wrapper_cls`` that sits
-    on the base under ``cls``'s ``__dict__`` instead, so that the layouts
-    match: ``isinstance(module, wrapper_cls)`` still holds, ``cls`` keeps its
-    index in the MRO (``wrapper_cls._orig_cls_mro_index``), and the wrapper's
-    attributes resolve ahead of ``cls``'s. Where no mirror fits, it returns
-    ``type(name, bases, namespace)``, and the switch raises as before.
+    Called in place of ``type(name, bases, namespace)``, it returns exactly
+    that class wherever Python allows a module of class ``cls`` to switch to
+    it. Where Python refuses it, the first base is a mirror of ``wrapper_cls``
+    that sits on the base under ``cls``'s ``__dict__`` instead, so that the
+    layouts match: ``isinstance(module, wrapper_cls)`` still holds, ``cls``
+    keeps its index in the MRO (``wrapper_cls._orig_cls_mro_index``), and the
+    wrapper's attributes resolve ahead of ``cls``'s. Where no mirror fits, it
+    returns ``type(name, bases, namespace)``, and the switch raises as before.
+
+    Each call builds one class. The first call for a wrapper class and a base
+    also builds the mirror, one class per class of the wrapper's MRO but
+    ``object``, shared by every later call for them while a class built on it
+    lives.
 
     Args:
         name (str): The name of the class.
@@ -96,7 +132,23 @@ def make_wrapper_cls(
     mirror = _mirror_for(wrapper_cls, cls)
     if mirror is not None:
         bases = (mirror, cls)
+    # ``type()`` names a class after the module of the code that calls it (or
+    # of its metaclass's ``__new__``, such as ``abc``): called from the
+    # caller's module, the class is named as if the caller had called it.
+    return _type_called_from(sys._getframe(1).f_globals)(name, bases, namespace)
+
+
+def _call_type(
+    name: str, bases: tuple[type, ...], namespace: dict[str, Any], type: type = type
+) -> type:
     return type(name, bases, namespace)
+
+
+def _type_called_from(module_globals: dict[str, Any]) -> types.FunctionType:
+    """Return ``type`` as code with the globals ``module_globals`` calls it."""
+    return types.FunctionType(
+        _call_type.__code__, module_globals, "type", _call_type.__defaults__
+    )
 
 
 def _mirror_for(wrapper_cls: type, cls: type) -> type | None:
@@ -121,18 +173,15 @@ def _mirror_for(wrapper_cls: type, cls: type) -> type | None:
         return None
     # The mirror sits on the base under ``root``'s ``__dict__``; where Python's
     # check walks further (3.15+, down to a C type such as ``typing.Generic``),
-    # on the base where it stops. Python is asked, with an instance of the mirror.
+    # on the base where it stops.
     base = root.__base__
     while base is not object:
         shadowed = _shadowed_attrs(chain, cls, base)
         if shadowed is None:
             return None
-        try:
-            mirror = _mirror(chain, base, shadowed)
-        except TypeError:  # the base's class hooks refuse it (``typing.Protocol``)
-            mirror = None
-        if mirror is not None and _can_switch(_bottom(mirror, chain), root):
-            return mirror
+        start = _start_fitting(base, root)
+        if start is not None:
+            return _mirror(chain, base, shadowed, start)
         base = base.__base__
     return None
 
@@ -160,21 +209,53 @@ def _adds_nothing_to_object(cls: type) -> bool:
     return True
 
 
-def _can_switch(old_cls: type, new_cls: type) -> bool:
+def _can_switch(wrapper: type, cls: type) -> bool:
     """
-    Return whether Python allows an instance of ``old_cls`` to switch to
-    ``new_cls``, asked of a new instance that no one else sees.
+    Return whether Python allows an instance of the wrapper class ``wrapper``
+    to switch to ``cls``, asked of a new instance that no one else sees. It
+    switches back, so that it ends as it began: the module's classes never
+    see it.
     """
     try:
-        obj = object.__new__(old_cls)
+        obj = object.__new__(wrapper)
     except TypeError:  # an abstract class: leave the module to the switch itself
         return True
     try:
-        _SET_CLASS(obj, new_cls)
+        _SET_CLASS(obj, cls)
     except TypeError:
         return False
-    _SET_CLASS(obj, old_cls)
+    _SET_CLASS(obj, wrapper)
     return True
+
+
+def _start_fitting(base: type, cls: type) -> type | None:
+    """
+    Return the class to build a mirror on before it moves onto ``base`` (where
+    it then adds ``__dict__``, as ``cls`` does), or None where no mirror would
+    fit: where Python refuses the move, or an instance of ``cls`` the switch.
+
+    Asked of a probe, a class of this module's with an instance: the probe
+    moves onto ``base``, its instance switches to ``cls`` and back, and the
+    probe moves back before the instance goes, so that it goes as an instance
+    of a class of this module's alone (no ``__del__`` of ``base`` runs on it).
+    """
+    for start in (_Unplaced, _UnplacedGeneric):
+        probe = type("_LayoutProbe", (start,), {"__module__": __name__})
+        obj = object.__new__(probe)
+        try:
+            probe.__bases__ = (base,)
+        except TypeError:
+            continue
+        try:
+            _SET_CLASS(obj, cls)
+        except TypeError:
+            continue
+        else:
+            _SET_CLASS(obj, probe)
+            return start
+        finally:
+            probe.__bases__ = (start,)
+    return None
 
 
 def _shadowed_attrs(
@@ -211,49 +292,50 @@ def _shadowed_attrs(
     return frozenset(shadowed)
 
 
-def _mirror(chain: tuple[type, ...], base: type, shadowed: frozenset[str]) -> type:
+def _mirror(
+    chain: tuple[type, ...], base: type, shadowed: frozenset[str], start: type
+) -> type | None:
     """
-    Return a copy of the wrapper classes ``chain`` stacked on ``base``: for
+    Return the copy of the wrapper classes ``chain`` stacked on ``base``: for
     ``(FSDPModule,)`` on ``abc.ABC``, ``ABCFSDPModule(ABC, FSDPModule)``.
     """
     key = (id(chain[0]), id(base), shadowed)
-    mirror = _mirrors.get(key)
-    if mirror is None:
-        mirror = _mirrors.setdefault(key, _build_mirror(chain, base, shadowed))
+    with _mirrors_lock:
+        mirror = _mirrors.get(key)
+        if mirror is None:
+            mirror = _build_mirror(chain, base, shadowed, start)
+            if mirror is not None:
+                _mirrors[key] = mirror
     return mirror
 
 
 def _build_mirror(
-    chain: tuple[type, ...], base: type, shadowed: frozenset[str]
-) -> type:
+    chain: tuple[type, ...], base: type, shadowed: frozenset[str], start: type
+) -> type | None:
     """
-    Build the mirror on ``_Unplaced`` and move it onto ``base``, so that none of
-    ``base``'s class hooks (``__init_subclass__``, its metaclass) runs for it;
-    where Python refuses the move, build it on ``base``.
+    Build the mirror on ``start`` and move it onto ``base``, so that none of
+    ``base``'s class hooks (``__init_subclass__``, its metaclass) runs for it.
     """
-    for start in (_Unplaced, base):
-        mirror = typing.Generic[_T] if start is typing.Generic else start
-        for wrapper in reversed(chain):
-            attrs: dict[str, Any] = {
-                "__module__": wrapper.__module__,
-                "__qualname__": f"{base.__name__}{wrapper.__name__}",
-                "__doc__": wrapper.__doc__,
-            }
-            if wrapper is chain[0]:
-                attrs.update((attr, _WrapperAttr(chain, attr)) for attr in shadowed)
-            mirror = types.new_class(
-                attrs["__qualname__"],
-                (mirror, wrapper),
-                exec_body=lambda ns, attrs=attrs: ns.update(attrs),
-            )
-        if start is base:
-            break
-        try:
-            # Python checks the layouts as for ``__class__``, and calls no hook.
-            _bottom(mirror, chain).__bases__ = (base, chain[-1])
-            break
-        except TypeError:
-            continue
+    mirror = start
+    for wrapper in reversed(chain):
+        name = f"{base.__name__}{wrapper.__name__}"
+        namespace = {
+            "__module__": wrapper.__module__,
+            "__qualname__": name,
+            "__doc__": wrapper.__doc__,
+        }
+        mirror = type(name, (mirror, wrapper), namespace)
+    # Set after the class is made, so that no ``__set_name__`` runs again.
+    for attr in shadowed:
+        value = next(vars(w)[attr] for w in chain if attr in vars(w))
+        if isinstance(value, types.FunctionType):
+            value = _forwarder(chain, attr, value)
+        setattr(mirror, attr, value)
+    try:
+        # Python checks the layouts as for ``__class__``, and calls no hook.
+        _bottom(mirror, chain).__bases__ = (base, chain[-1])
+    except TypeError:
+        return None
     return mirror
 
 
@@ -264,29 +346,25 @@ def _bottom(mirror: type, chain: tuple[type, ...]) -> type:
     return mirror
 
 
-class _Unplaced:
-    """Where a mirror is built before it moves onto its base."""
-
-    __slots__ = ()
-
-
-class _WrapperAttr:
+def _forwarder(
+    chain: tuple[type, ...], attr: str, method: types.FunctionType
+) -> types.FunctionType:
     """
-    An attribute of the wrapper classes in a mirror, looked up on them at each
-    access, as ``(wrapper_cls, cls)`` finds it, replaced or deleted ones too.
+    Return a method that calls the wrapper classes' method ``attr`` as
+    ``(wrapper_cls, cls)`` finds it at the time of the call: a replaced one, or
+    ``cls``'s own where the wrapper classes no longer define it. A plain
+    function, so that looking it up costs what looking up any method costs.
     """
 
-    def __init__(self, chain: tuple[type, ...], attr: str) -> None:
-        self.chain = chain
-        self.attr = attr
-
-    def __get__(self, obj: object, objtype: type | None = None) -> Any:
-        owner = type(obj) if objtype is None else objtype
-        for cls in (*self.chain, *owner.__mro__):
-            value = vars(cls).get(self.attr, self)
-            if not isinstance(value, _WrapperAttr):
+    def forward(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        for owner in (*chain, *type(self).__mro__):
+            value = vars(owner).get(attr, forward)
+            if getattr(value, "__code__", None) is not forward.__code__:
                 get = getattr(type(value), "__get__", None)
-                return value if get is None else get(value, obj, owner)
+                bound = value if get is None else get(value, self, type(self))
+                return bound(*args, **kwargs)
         raise AttributeError(
-            f"type object {owner.__name__!r} has no attribute {self.attr!r}"
+            f"{type(self).__name__!r} object has no attribute {attr!r}"
         )
+
+    return functools.wraps(method)(forward)

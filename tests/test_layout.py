@@ -1,5 +1,5 @@
-"""What the package keeps around the fix (``_layout``): the fix run as if torch's module defined
-it, CPython's verdict for the status, the identity tables. Pure Python; the fix itself is
+"""What the package keeps around the fix (``_layout``): the fix called as if from torch's module,
+CPython's verdict for the status, the identity tables. Pure Python; the fix itself is
 tests/test_wrapper_cls.py's."""
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ class ReplicateLike(Wrapper):
 
 def test_the_fix_names_its_classes_as_type_called_in_torchs_module_does() -> None:
     """``type(...)`` names a class after the code that calls it, or ``abc`` where ABCMeta's own
-    ``__new__`` is that code: run as if torch's module defined it, the fix names both alike."""
+    ``__new__`` is that code: called as if from torch's module, the fix names both alike."""
     class AbcLast(Module, abc.ABC):
         pass
 
     class AbcFirst(abc.ABC, Module):
         pass
 
-    make = _layout.in_module(_wrapper_cls.make_wrapper_cls, "torch.distributed.made_up")
-    torch_type = _layout.type_called_from("torch.distributed.made_up")
+    make = _layout.called_from("torch.distributed.made_up", _wrapper_cls.make_wrapper_cls)
+    torch_type = _layout.called_from("torch.distributed.made_up", type)
     for cls in (Module, AbcLast, AbcFirst):
         torchs = torch_type(f"FSDP{cls.__name__}", (Wrapper, cls), {})
         assert make(f"FSDP{cls.__name__}", (Wrapper, cls), {}).__module__ == torchs.__module__
@@ -59,37 +59,25 @@ def test_mirror_base_names_where_the_mirror_sits(wrapper: type, first: Any) -> N
         "abc.ABC" if first is abc.ABC else "typing.Generic")
 
 
-def test_probe_instance_runs_no_code_and_keeps_its_class() -> None:
-    class Counted(abc.ABC, Module):
-        made = 0
+class Finalized(Module):
+    """A module base whose instances count their own code: an instance made to ask CPython would
+    run ``__del__`` (on an uninitialised module)."""
 
-        def __init__(self) -> None:
-            Counted.made += 1
+    calls = 0
 
-    instance = _layout._probe_instance(Counted)
-    torchs = type("FSDPCounted", (Wrapper, Counted), {})
-    assert type(instance) is Counted and Counted.made == 0
-    accepted = _layout._swap_allowed(instance, torchs)
-    assert type(instance) is Counted
-    try:
-        object.__new__(Counted).__class__ = torchs
-    except TypeError:
-        assert not accepted
-    else:
-        assert accepted
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        Finalized.calls += 1
+        return super().__new__(cls)
 
-
-class Finalized(typing.Generic[T], Module):
-    uninitialised_finalized = 0
+    def __init__(self) -> None:
+        Finalized.calls += 1
 
     def __del__(self) -> None:
-        if not hasattr(self, "ready"):
-            Finalized.uninitialised_finalized += 1
+        Finalized.calls += 1
 
 
-def accepts_finalized(new: type) -> bool:
-    instance = object.__new__(Finalized)
-    instance.ready = True  # type: ignore[attr-defined]
+def cpython_accepts(cls: type, new: type) -> bool:
+    instance = object.__new__(cls)
     try:
         instance.__class__ = new
     except TypeError:
@@ -98,22 +86,21 @@ def accepts_finalized(new: type) -> bool:
 
 
 @pytest.mark.parametrize("wrapper", [Wrapper, ReplicateLike], ids=["wrapper", "replicate_like"])
-def test_a_class_without_a_safe_probe_instance_is_judged_by_the_rule(
-    wrapper: type, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("first", [abc.ABC, typing.Generic[T], None], ids=["abc", "generic", "plain"])
+def test_cpythons_verdict_on_torchs_class_runs_no_code_of_the_users_classes(
+    wrapper: type, first: Any
 ) -> None:
-    """A ``__del__`` would run on an uninitialised instance, so none is made: the rule decides,
-    says so at debug level, and agrees with CPython as 3.9 - 3.14 state it (3.15 walks further)."""
-    import logging
-
-    assert _layout._probe_instance(Finalized) is None
-    torchs = type("FSDPFinalized", (wrapper, Finalized), {})
-    with caplog.at_level(logging.DEBUG, logger="fsdp_autopatch"):
-        verdict = _layout.accepts(Finalized, torchs)
+    """The status's verdict is CPython's, asked of an instance of torch's wrapper class, never of
+    the user's: a ``__del__``, ``__new__`` or ``__init__`` of theirs never runs for it."""
+    cls = types.new_class("Head", (first, Finalized) if first is not None else (Finalized,))
+    torchs = type(f"FSDP{cls.__name__}", (wrapper, cls), {})
+    expected = cpython_accepts(cls, torchs)
     gc.collect()
-    assert Finalized.uninitialised_finalized == 0
-    assert any("no instance of" in r.getMessage() for r in caplog.records)
-    if sys.version_info < (3, 15):
-        assert verdict is accepts_finalized(torchs) is False
+    Finalized.calls = 0
+    assert _layout.accepts(cls, torchs) is expected
+    gc.collect()
+    assert Finalized.calls == 0
+    assert expected is (first is None or (first is abc.ABC and sys.version_info >= (3, 15)))
 
 
 class Key:

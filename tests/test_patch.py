@@ -231,7 +231,7 @@ def test_a_class_cpython_refuses_gets_one_compatible_class_that_it_accepts(
     module = patched.module
     name = f"W{cls.__name__}"
     # As torch builds it:
-    upstream = _layout.type_called_from(module.__name__)(name, (module.Wrapper, cls), {})
+    upstream = _layout.called_from(module.__name__, type)(name, (module.Wrapper, cls), {})
     built = module.wrap(object.__new__(cls))
     if not refused(cls, upstream):
         # This CPython accepts torch's class (3.15 and the ABC case): the stand-in stands aside.

@@ -5,9 +5,9 @@ Pure Python: ``Wrapper`` and ``ReplicateLike`` stand in for torch's FSDPModule a
 assigning ``__class__`` on a real instance, here, independently of the function, so the same
 tests hold on every Python: where this interpreter accepts torch's class for a shape, the
 function builds exactly that class; where it refuses, one it accepts (or torch's, for a class
-without ``__dict__``, and then torch fails as it always did). The function is called as the
-package calls it, as if this module defined it (``_layout.in_module``), so that the classes it
-builds are named after this module, as ``type(...)`` called here names them.
+without ``__dict__``, and then torch fails as it always did). The function is called from
+this module, as torch's builder calls it, and names the classes it builds after this module, as
+``type(...)`` called here names them.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from __future__ import annotations
 import abc
 import collections.abc
 import gc
+import inspect
 import itertools
 import pickle
 import subprocess
 import sys
+import threading
 import types
 import typing
 import weakref
@@ -27,10 +29,10 @@ from typing import Any, Optional
 
 import pytest
 
-from fsdp_autopatch import _layout, _wrapper_cls
+from fsdp_autopatch import _wrapper_cls
 
 T = typing.TypeVar("T")
-make_wrapper_cls = _layout.in_module(_wrapper_cls.make_wrapper_cls, __name__)
+make_wrapper_cls = _wrapper_cls.make_wrapper_cls
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -185,15 +187,23 @@ def test_decision_matches_cpython(wrapper: type, name: str) -> None:
     module's instances have ``__dict__`` (every wrapper class adds one), else torch's again."""
     cls = SHAPES[name]
     built = make(wrapper, cls)
-    if cpython_accepts(cls, upstream(wrapper, cls)):
-        assert built.__bases__ == (wrapper, cls)
-        return
-    if not has_dict(cls):
-        assert built.__bases__ == (wrapper, cls)
+    if cpython_accepts(cls, upstream(wrapper, cls)) or not has_dict(cls):
+        assert_is_torchs_class(built, upstream(wrapper, cls))
         return
     assert built.__bases__[0] is not wrapper, "CPython refuses torch's class: that keeps the bug"
     assert cpython_accepts(cls, built)
     assert_behaves_like_upstream(wrapper, cls, built)
+
+
+def assert_is_torchs_class(built: type, reference: type) -> None:
+    """``built`` is the class ``type(...)`` builds in torch's place: the same bases, metaclass,
+    names (``__module__`` included: this module's, or ``abc`` where ABCMeta's ``__new__`` calls
+    ``type``) and namespace."""
+    assert built.__bases__ == reference.__bases__ and type(built) is type(reference)
+    assert (built.__name__, built.__qualname__, built.__module__) == (
+        reference.__name__, reference.__qualname__, reference.__module__)
+    assert set(vars(built)) == set(vars(reference))
+    assert vars(built)["__deepcopy__"] is vars(reference)["__deepcopy__"]
 
 
 def assert_behaves_like_upstream(wrapper: type, cls: type, built: type) -> None:
@@ -456,6 +466,161 @@ def test_no_module_is_touched_to_decide() -> None:
     import inspect
 
     assert list(inspect.signature(_wrapper_cls.make_wrapper_cls).parameters) == ["name", "bases", "namespace"]
+
+
+@pytest.mark.parametrize("first", [abc.ABC, typing.Generic[T]], ids=["abc", "generic"])
+def test_a_plain_or_abc_last_module_gets_the_class_torch_builds_named_as_torch_names_it(first: Any) -> None:
+    """torch's own ``type(...)`` names its class after torch's module, or ``abc`` for an ABCMeta
+    class; the fix, called there, names it the same (tests/test_upstream.py: in torch itself)."""
+    last = make_class("Last", (Module, first), {})
+    assert last is not None
+    for cls in (Module, last):
+        assert_is_torchs_class(make(Wrapper, cls), upstream(Wrapper, cls))
+    assert make(Wrapper, Module).__module__ == __name__
+    assert make(Wrapper, abc.ABCMeta("Meta", (Module,), {})).__module__ == "abc"
+
+
+class Calls(collections.Counter):  # type: ignore[type-arg]
+    """What code of a module's classes ran, by name."""
+
+
+def own_code(calls: Calls) -> tuple[type, type]:
+    """A metaclass and an empty-``__slots__`` mixin that count every call of their code: the
+    methods ``type(...)`` may run for a class, and those an instance of it may meet."""
+
+    class Counting(abc.ABCMeta):
+        def __new__(meta, name: str, bases: tuple[type, ...], namespace: dict[str, Any],
+                    **kwargs: Any) -> Any:
+            calls["metaclass __new__"] += 1
+            return super().__new__(meta, name, bases, namespace, **kwargs)
+
+        def __init__(cls, *args: Any, **kwargs: Any) -> None:
+            calls["metaclass __init__"] += 1
+            super().__init__(*args, **kwargs)
+
+        def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+            calls["metaclass __call__"] += 1
+            return super().__call__(*args, **kwargs)
+
+        def mro(cls) -> list[type]:
+            calls["metaclass mro"] += 1
+            return super().mro()
+
+    class Named:
+        def __set_name__(self, owner: type, name: str) -> None:
+            calls["__set_name__"] += 1
+
+    class Mixin(metaclass=Counting):
+        __slots__ = ()
+        named = Named()
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            calls["__new__"] += 1
+            return super().__new__(cls)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            calls["__init__"] += 1
+
+        def __del__(self) -> None:
+            calls["__del__"] += 1
+
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            calls["__init_subclass__"] += 1
+            super().__init_subclass__(**kwargs)
+
+    return Counting, Mixin
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS, ids=["wrapper", "replicate_like"])
+@pytest.mark.parametrize("order", ["first", "last"])
+def test_no_code_of_the_modules_classes_runs_beyond_what_type_runs(wrapper: type, order: str) -> None:
+    """Deciding and building the mirror run nothing of the module's classes, on any object: per
+    call, exactly what torch's own ``type(...)`` call runs for the same class (its metaclass's
+    ``__new__``, ``__init__`` and ``mro``, the ``__init_subclass__`` of the class built). A mirror's
+    throwaway probe goes as a class of the fix's, so a ``__del__`` never sees it."""
+    calls = Calls()
+    _, mixin = own_code(calls)
+    bases = (mixin, Module) if order == "first" else (Module, mixin)
+    cls = types.new_class(f"Own{order.title()}", bases)
+    made = cls()
+    del made
+    gc.collect()
+    calls.clear()
+    reference = upstream(wrapper, cls)
+    torchs = Calls(calls)
+    for _ in range(3):
+        calls.clear()
+        built = make(wrapper, cls)
+        gc.collect()
+        assert calls == torchs, f"beyond torch's own type() call: {calls - torchs}"
+    assert torchs == {"metaclass __new__": 1, "metaclass __init__": 1, "metaclass mro": 1,
+                      "__init_subclass__": 1}
+    assert (built.__bases__[0] is wrapper) is cpython_accepts(cls, reference)
+
+
+def test_one_mirror_per_wrapper_and_base_when_threads_build_at_once() -> None:
+    """Eight threads build wrapper classes at the same instant for eight classes on one base, in
+    30 trials: every class gets the one mirror of that base."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for trial in range(30):
+            base = make_class(f"Base{trial}", (typing.Generic[T],), {"__slots__": ()})
+            heads = [make_class(f"Head{index}", (base, Module), {}) for index in range(8)]
+            barrier = threading.Barrier(len(heads))
+            mirrors: list[type] = []
+
+            def build(head: type, barrier: threading.Barrier = barrier,
+                      mirrors: list[type] = mirrors) -> None:
+                barrier.wait()
+                mirrors.append(make(Wrapper, head).__bases__[0])
+
+            threads = [threading.Thread(target=build, args=(head,)) for head in heads]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert len(mirrors) == 8 and len({id(mirror) for mirror in mirrors}) == 1, f"trial {trial}"
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_a_mirror_is_seen_from_outside_as_the_description_says() -> None:
+    """What a user or a registry walking ``__subclasses__()`` observes of a mirror, pinned
+    (upstream/README.md, docs/how-it-works.md): it is a subclass of its base and of the wrapper
+    class, listed by both for as long as a class built on it lives; its metaclass is the wrapper
+    class's, not the base's; no hook of the base ever saw it, since announcing it would run the
+    module's code a second time. The class torch asks for is announced as always."""
+    calls = Calls()
+    counting, mixin = own_code(calls)
+    cls = types.new_class("Head", (typing.Generic[T], mixin, Module))
+    calls.clear()
+    built = make(Wrapper, cls)
+    mirror = built.__bases__[0]
+    assert mirror is not Wrapper
+    assert type(mirror) is type(Wrapper) is type and type(built) is counting
+    assert mirror in typing.Generic.__subclasses__() and mirror in Wrapper.__subclasses__()
+    assert built in mirror.__subclasses__() and built in cls.__subclasses__()
+    assert calls["__init_subclass__"] == 1 and calls["metaclass __new__"] == 1  # for built alone
+    reference = weakref.ref(mirror)
+    del built, mirror
+    gc.collect()
+    assert reference() is None
+    assert not any(sub.__qualname__ == "GenericWrapper" for sub in Wrapper.__subclasses__())
+
+
+def test_a_shadowed_method_is_a_plain_method_on_the_built_class() -> None:
+    """Where the module's class defines a method the wrapper class defines too, the mirror holds a
+    method that calls the wrapper's: looked up as fast as any method (benchmarks/), found by
+    ``inspect.getattr_static`` as a function, named and documented as the wrapper's."""
+    built = make(ReshardingWrapper, OwnReshard)
+    instance = object.__new__(OwnReshard)
+    instance.__class__ = built
+    found = inspect.getattr_static(instance, "reshard")
+    assert isinstance(found, types.FunctionType)
+    assert found.__wrapped__ is ReshardingWrapper.__dict__["reshard"]  # type: ignore[attr-defined]
+    assert (found.__name__, found.__qualname__) == ("reshard", "ReshardingWrapper.reshard")
+    assert instance.reshard() == "reshard" and instance.reshard.__self__ is instance
 
 
 def test_torch_patch_adds_this_module_character_for_character() -> None:
