@@ -28,7 +28,7 @@ from conftest import (
     run_scenario,
     shard_abc_head,
 )
-from wrappers import WRAPPERS
+from wrappers import THREE_CALLS, WRAPPERS
 
 from fsdp_autopatch import DDP_MODULE
 
@@ -206,15 +206,22 @@ def test_status_reports_versions_and_site(real_torch: dict[str, str]) -> None:
     assert (error is not None and LAYOUT_ERROR in error) is layout_bug_here()
 
 
-PREFIXES = {"fully_shard": ("FSDP", "FSDPModule"), "DDP replicate": ("DDP", "DDP")}
+PREFIXES = {"fully_shard": ("FSDP", "FSDPModule"), "DDP replicate": ("DDP", "DDP"),
+            "FSDP2 replicate": ("Replicate", "ReplicateModule")}
+# What the user's classes' own code may run in a wrapping call, as torch's own type(...) call runs
+# it for the class it builds: never an instance's __new__, __init__ or __del__, the metaclass's
+# __call__, or a __set_name__ (tests/programs/construction_hooks.py counts each).
+NEVER_IN_A_WRAP = ("__new__", "__init__", "__del__", "metaclass __call__", "__set_name__")
 
 
-@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+@pytest.mark.parametrize("wrapper", list(THREE_CALLS))
 def test_construction_hooks_run_once_per_class_as_without_the_patch(wrapper: str) -> None:
-    """One class per call, as torch builds it (once per class with fully_shard's cache, once per
-    call with DDP's): a registering ``__init_subclass__`` and a counting metaclass see the same
-    constructions patched and unpatched, for an ABC module as for a plain one. Where CPython
-    refuses torch's class, the one class built is the compatible one, and the module wraps."""
+    """One class per call, as torch builds it (once per class with fully_shard's and FSDP2
+    replicate's caches, once per call with DDP's): a registering ``__init_subclass__`` and a
+    counting metaclass see the same constructions patched and unpatched, for an ABC module as for a
+    plain one. Where CPython refuses torch's class, the one class built is the compatible one, and
+    the module wraps. A mixin and metaclass that count every call of their code see, first or last
+    in the bases, exactly what torch's own ``type(...)`` runs, and nothing of an instance's."""
     runs = {}
     for mode in (None, "0"):
         result = run_program(PROGRAMS / "construction_hooks.py", wrapper,
@@ -223,6 +230,7 @@ def test_construction_hooks_run_once_per_class_as_without_the_patch(wrapper: str
     patched, unpatched = runs[None], runs["0"]
     prefix = PREFIXES[wrapper][0]
     per_call = wrapper == "DDP replicate"
+    registered = sorted(["AbcBlock", "Block", "HooksFirstBlock", "HooksLastBlock", f"{prefix}Block"])
 
     def outcomes(name: str) -> list[str]:
         # DDP's second class of the name, built for the second module, is refused by the registry.
@@ -232,12 +240,21 @@ def test_construction_hooks_run_once_per_class_as_without_the_patch(wrapper: str
     assert patched["Block"] == unpatched["Block"] == {
         "outcomes": outcomes("Block"),
         "built": [f"{prefix}Block"] * (2 if per_call else 1),
-        "registered": ["AbcBlock", "Block", f"{prefix}Block"],
+        # DDP's second class fails in the registry's __init_subclass__, before the metaclass's __init__.
+        "calls": {"metaclass __new__": 2 if per_call else 1, "metaclass __init__": 1,
+                  "metaclass mro": 2 if per_call else 1},
+        "registered": registered,
     }
-    # torch alone: its <Prefix>AbcBlock is built and registered, then refused by CPython (here).
-    assert unpatched["AbcBlock"]["built"] == [f"{prefix}AbcBlock"] * (2 if per_call else 1)
-    assert (LAYOUT_ERROR in unpatched["AbcBlock"]["outcomes"][0]) is layout_bug_here()
-    assert patched["AbcBlock"] == dict(unpatched["AbcBlock"], outcomes=outcomes("AbcBlock"))
+    for first, last in (("AbcBlock", "Block"), ("HooksFirstBlock", "HooksLastBlock")):
+        # torch alone: its <Prefix><Name> is built and registered, then refused by CPython (here).
+        assert unpatched[first]["built"] == [f"{prefix}{first}"] * (2 if per_call else 1)
+        assert (LAYOUT_ERROR in unpatched[first]["outcomes"][0]) is layout_bug_here()
+        assert patched[first] == dict(unpatched[first], outcomes=outcomes(first))
+        assert patched[first]["calls"] == patched[last]["calls"], (first, patched[first]["calls"])
+    assert patched["HooksLastBlock"] == unpatched["HooksLastBlock"]
+    assert patched["HooksLastBlock"]["calls"]["__init_subclass__"] == (2 if per_call else 1)
+    assert not any(name in patched[cls]["calls"] for name in NEVER_IN_A_WRAP for cls in patched
+                   if cls != "classes")
     # Listed where the package patched (where it stands aside, it lists nothing).
     records = [c["outcome"] for c in patched["classes"] if c["name"] == "AbcBlock"]
     assert records == (["compatible"] if layout_bug_here() else [])
