@@ -110,6 +110,28 @@ class AbcBlock(AbcHead, Block):
     """A user's own ABC module class; needs the patch whatever the transformers version."""
 
 
+class OwnReshard(abc.ABC):  # noqa: B024
+    """An empty-``__slots__`` base with a method FSDPModule defines too: a module whose class puts
+    it first gets a mirror that must resolve ``reshard`` to FSDPModule's, as torch's MRO does."""
+
+    __slots__ = ()
+
+    def reshard(self) -> None:
+        raise AssertionError("FSDPModule's reshard must win")
+
+
+# How many times one module's attribute is looked up per sample.
+ACCESSES = 20_000
+
+
+def access_seconds(module: Any, name: str) -> float:
+    """Seconds per ``getattr(module, name)``, the loop included (the same on both sides)."""
+    started = time.perf_counter()
+    for _ in range(ACCESSES):
+        getattr(module, name)
+    return (time.perf_counter() - started) / ACCESSES
+
+
 class WarmupBlock(Block):
     """Sharded first and not reported: the first fully_shard in a process pays one-off costs."""
 
@@ -194,12 +216,14 @@ def first_trip_benchmark(count: int, mesh: Any) -> dict[str, Any]:
     A class's first trip through the construction site is where the patch does its work: it
     asks CPython whether torch's class fits, records the class, and for an ABC class builds a
     compatible one. Later modules of the same class are cache hits, which ``classes`` measures.
-    Unpatched, the ABC classes fail, so they are sharded only when the patch is applied.
+    Unpatched, the ABC classes fail, so they are sharded only when the patch is applied. Patched,
+    it also times looking up a method that the module's class shadows on a compatible class.
     """
     fully_shard = torch.distributed.fsdp.fully_shard
     abc_too = fsdp_autopatch.status().applied
     fully_shard(WarmupBlock(), mesh=mesh)
-    times: dict[str, list[float]] = {"plain": [], "abc": [], "builder abc": [], "builder twin": []}
+    times: dict[str, list[float]] = {"plain": [], "abc": [], "builder abc": [], "builder twin": [],
+                                     "shadowed abc": [], "shadowed twin": []}
     for index in range(count):
         kinds = {"plain": (Block,), "abc": (AbcHead, Block)} if abc_too else {"plain": (Block,)}
         for kind, bases in kinds.items():
@@ -216,6 +240,13 @@ def first_trip_benchmark(count: int, mesh: Any) -> dict[str, Any]:
                 started = time.perf_counter()
                 build_wrapper_class(module)
                 times[kind].append(time.perf_counter() - started)
+            # A method both the module's class and FSDPModule define, looked up on a wrapped
+            # module: where the mirror resolves it to FSDPModule's, against the ABC-last twin.
+            shadowing = (("shadowed abc", (OwnReshard, Block)), ("shadowed twin", (Block, OwnReshard)))
+            for kind, bases in shadowing:
+                module = type(f"Shadowed{index}", bases, {})()
+                fully_shard(module, mesh=mesh)
+                times[kind].append(access_seconds(module, "reshard"))
     return times
 
 

@@ -342,7 +342,13 @@ def first_trip(python: str, settings: Settings, cwd: str) -> tuple[list[Row], di
         "FSDP2's builder, a class that needs the fix (B) vs its `ABC`-last twin (A), patched",
         [value for output in outputs["patched"] for value in output["result"]["builder twin"]],
         [value for output in outputs["patched"] for value in output["result"]["builder abc"]], "≤ 5")
-    return [plain_row, abc_row, builder_row], {"plain": plain, "abc": abc_data, "builder": builder}
+    shadowed_row, shadowed = comparison_row(
+        "`getattr` of a method the module's class shadows (`reshard`), a class that needs the fix (B) "
+        "vs its `ABC`-last twin (A), patched",
+        [value for output in outputs["patched"] for value in output["result"]["shadowed twin"]],
+        [value for output in outputs["patched"] for value in output["result"]["shadowed abc"]], "≤ 2")
+    rows = [plain_row, abc_row, builder_row, shadowed_row]
+    return rows, {"plain": plain, "abc": abc_data, "builder": builder, "shadowed": shadowed}
 
 
 def measure(name: str, errors: list[str], results: dict[str, Any], rows: list[Row],

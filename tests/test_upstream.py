@@ -1,5 +1,5 @@
-"""upstream/torch.patch, the fix torch needs, applied to a copy of the installed torch: proven on
-real torch and transformers, beside the same runs on the unpatched torch (CI's tier).
+"""upstream/torch.patch, the fix torch needs with its test, applied to a copy of the installed torch:
+proven on real torch and transformers, beside the same runs on the unpatched torch (CI's tier).
 
 The copy lives in a throwaway directory put ahead of site-packages on ``PYTHONPATH``: every file
 is a hard link to the installed torch's but the three the patch changes, which are copied first,
@@ -98,10 +98,15 @@ def patched_off(patched_torch: Path) -> Results:
     return results
 
 
-def test_the_patch_changes_only_torch_files() -> None:
+# Where the patch puts the test it adds, in torch's tree.
+TEST_IN_TORCH = "test/distributed/_composable/test_wrapper_cls.py"
+
+
+def test_the_patch_changes_torch_files_and_adds_its_test() -> None:
     files = patched_files()
-    assert files and all(path.startswith("torch/") for path in files)
-    assert all(line.startswith("--- a/torch/") for line in PATCH.read_text(encoding="utf-8").splitlines()
+    assert TEST_IN_TORCH in files
+    assert all(path.startswith("torch/") for path in files if path != TEST_IN_TORCH)
+    assert all(line[len("--- a/"):] in files for line in PATCH.read_text(encoding="utf-8").splitlines()
                if line.startswith("--- "))
 
 
@@ -122,7 +127,7 @@ def test_torch_style_test_passes_on_the_patched_torch_and_fails_without(patched_
     # (torch/testing/_internal/common_utils.py, IS_CI): run it as a contributor would.
     patched = run([str(TORCH_STYLE_TEST)], patched_torch, FSDP_AUTOPATCH="0", CI="")
     assert patched.returncode == 0, patched.stderr[-4000:]
-    assert re.search(r"^Ran 7 tests", patched.stderr, re.MULTILINE)
+    assert re.search(r"^Ran 8 tests", patched.stderr, re.MULTILINE)
     unpatched = run([str(TORCH_STYLE_TEST)], None, FSDP_AUTOPATCH="0", CI="")
     if layout_bug_here():
         assert unpatched.returncode != 0 and LAYOUT_ERROR in unpatched.stderr
@@ -139,20 +144,6 @@ def test_the_patched_torch_wraps_and_trains_every_module(patched_off: Results) -
             assert result["max_loss_difference"] < _verify.LOSS_TOLERANCE, (api, model)
 
 
-# Where the patched torch builds its wrapper classes: type() names a class's __module__ after the
-# code that calls it, so the class of a plain module says it was made there (or in abc, where
-# ABCMeta's own __new__ calls type, as before). Nothing else of the class differs.
-FIX_MODULE = "torch.distributed._wrapper_cls"
-
-
-def built_where(description: dict[str, Any], module: str) -> dict[str, Any]:
-    """``description`` (``_verify.describe_class``) as if its class had been made in ``module``."""
-    first, *rest = description["mro"]
-    name = first.rsplit(".", 1)[1]
-    made_in = first.rsplit(".", 1)[0]
-    return {**description, "mro": [f"{module if made_in != 'abc' else made_in}.{name}", *rest]}
-
-
 def test_other_modules_get_the_classes_unpatched_torch_builds(patched_off: Results) -> None:
     _, unpatched, _ = wrap_everything(None, FSDP_AUTOPATCH="0")
     for (api, model), result in unpatched.items():
@@ -162,7 +153,8 @@ def test_other_modules_get_the_classes_unpatched_torch_builds(patched_off: Resul
                 assert not result["wrapped"] and LAYOUT_ERROR in result["error"], (api, model)
         else:
             assert result["wrapped"], (api, model, result.get("error"))
-            assert patched_off[api, model]["class"] == built_where(result["class"], FIX_MODULE), (api, model)
+            # Exactly the class unpatched torch builds, __module__ included.
+            assert patched_off[api, model]["class"] == result["class"], (api, model)
 
 
 def test_the_package_stands_aside_for_the_patched_torch(
@@ -189,6 +181,15 @@ def test_a_torch_with_the_fix_says_nothing_without_wrapt(patched_torch: Path, tm
     assert own_lines(stderr) == [], stderr[-3000:]
     assert all(result["wrapped"] for result in results.values())
     assert all(line["status"]["reason"].startswith("wrapt is not installed") for line in statuses)
+
+
+def test_torchs_lint_settings_pass_on_a_torch_that_has_the_patch(patched_torch: Path) -> None:
+    """upstream/lint.py answers where the installed torch has the patch already."""
+    for tool in ("ruff", "usort"):
+        pytest.importorskip(tool, reason=f"{tool} is not installed: pip install $(python upstream/lint.py "
+                                         "--requirements); .ci/run installs them")
+    result = run([str(UPSTREAM / "lint.py")], patched_torch)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_doctor_and_verify_say_nothing_needs_fixing(patched_torch: Path) -> None:

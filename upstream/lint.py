@@ -7,8 +7,9 @@ and usort, on the files the patch touches and on its test, at the paths they hav
 The settings are pytorch's pyproject.toml ([tool.ruff], [tool.ruff.lint], [tool.usort]) as read
 at pytorch/pytorch@0034f545bb95a408bd09c53db4b97cd7d02ba556, restated below (torch's file itself is
 not kept here); ruff infers torch's target, Python 3.10, from its requires-python. The files torch
-already has are taken from the installed torch with the patch applied, so that torch's import
-order is checked around the new import.
+already has are taken from the installed torch with the patch applied (or as they are, where the
+installed torch has the patch already), so that torch's import order is checked around the new
+import.
 """
 
 from __future__ import annotations
@@ -77,16 +78,23 @@ select = [
 
 
 def torch_files(tree: Path) -> None:
-    """The installed torch's files that the patch changes, copied into ``tree`` and patched."""
+    """The installed torch's files that the patch changes, copied into ``tree`` and patched, with
+    the patch's new files; a torch that has the patch already (``torch/distributed/_wrapper_cls.py``
+    is there) gives its files as they are, once the patch is shown to be applied to them."""
     import torch
 
     installed = Path(torch.__file__).resolve().parent.parent
     for relative, own in FILES.items():
-        if own is None:
-            (tree / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(installed / relative, tree / relative)
-    (tree / "torch/distributed/_wrapper_cls.py").unlink(missing_ok=True)
-    subprocess.run(["patch", "-p1", "--quiet", "--forward", "--input", str(PATCH)], cwd=tree, check=True)
+        (tree / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(installed / relative if own is None else own, tree / relative)
+    if (installed / "torch/distributed/_wrapper_cls.py").is_file():
+        command = ["patch", "-p1", "--quiet", "--reverse", "--dry-run", "--input", str(PATCH)]
+    else:
+        for relative, own in FILES.items():
+            if own is not None:
+                (tree / relative).unlink()
+        command = ["patch", "-p1", "--quiet", "--forward", "--input", str(PATCH)]
+    subprocess.run(command, cwd=tree, check=True)
 
 
 def main(argv: list[str]) -> int:
@@ -102,10 +110,6 @@ def main(argv: list[str]) -> int:
             print(f"upstream/lint.py: cannot put torch's files in place ({error}); install torch and patch",
                   file=sys.stderr)
             return 2
-        for relative, own in FILES.items():
-            if own is not None:
-                (tree / relative).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(own, tree / relative)
         ours = [relative for relative, own in FILES.items() if own is not None]
         commands = [
             [sys.executable, "-m", "ruff", "check", "--no-cache", *FILES],

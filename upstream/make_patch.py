@@ -4,8 +4,9 @@
     python upstream/make_patch.py --check    # exit 1 if torch.patch is not what this would write
 
 The patch adds fsdp_autopatch/_wrapper_cls.py to torch as torch/distributed/_wrapper_cls.py,
-character for character, and has FSDP2's builder and composable DDP's replicate call its
-make_wrapper_cls in place of type. The two call sites' hunks are written from the lines below,
+character for character, has FSDP2's builder and composable DDP's replicate call its
+make_wrapper_cls in place of type, and adds its test, upstream/test_wrapper_cls.py, as
+test/distributed/_composable/test_wrapper_cls.py. The two call sites' hunks are written from the lines below,
 which are torch's own in 2.13.0 - 2.15.0 (tests/test_upstream.py applies the patch to the
 installed torch; .ci/sid-pythons to 2.15.0).
 """
@@ -20,6 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PATCH = ROOT / "upstream" / "torch.patch"
 PACKAGE_MODULE = ROOT / "fsdp_autopatch" / "_wrapper_cls.py"
 TORCH_MODULE = "torch/distributed/_wrapper_cls.py"
+# The new files, by their path in torch's tree: the module and its test.
+NEW_FILES = {
+    TORCH_MODULE: PACKAGE_MODULE,
+    "test/distributed/_composable/test_wrapper_cls.py": ROOT / "upstream" / "test_wrapper_cls.py",
+}
 IMPORT = "from torch.distributed._wrapper_cls import make_wrapper_cls\n"
 
 
@@ -108,7 +114,8 @@ def torch_line(path: str, text: str) -> int:
 def patch_text(starts: dict[str, list[int]]) -> str:
     """The whole patch, its files in ``diff -r``'s order."""
     files = {path: file_diff(path, hunks, starts[path]) for path, hunks in CALL_SITES.items()}
-    files[TORCH_MODULE] = file_diff(TORCH_MODULE, [("", PACKAGE_MODULE.read_text(encoding="utf-8"))], [0])
+    for path, source in NEW_FILES.items():
+        files[path] = file_diff(path, [("", source.read_text(encoding="utf-8"))], [0])
     return "".join(files[path] for path in sorted(files))
 
 
@@ -134,7 +141,8 @@ def main(argv: list[str]) -> int:
     if "--check" in argv:
         if PATCH.read_text(encoding="utf-8") != text:
             print("upstream/torch.patch is not what upstream/make_patch.py writes from "
-                  "fsdp_autopatch/_wrapper_cls.py: run python upstream/make_patch.py", file=sys.stderr)
+                  "fsdp_autopatch/_wrapper_cls.py and upstream/test_wrapper_cls.py: run python "
+                  "upstream/make_patch.py", file=sys.stderr)
             return 1
         return 0
     PATCH.write_text(text, encoding="utf-8")

@@ -8,8 +8,10 @@ every other module must keep exactly that class.
 """
 
 import abc
+import collections
 import collections.abc
 import copy
+import gc
 import typing
 from typing import Generic, Protocol, TypeVar
 
@@ -20,6 +22,7 @@ from torch.distributed._composable.replicate import DDP
 from torch.distributed._composable.replicate_with_fsdp import replicate, ReplicateModule
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp._fully_shard import _fsdp_init
 from torch.testing._internal.common_fsdp import FSDPTestMultiThread, MLP
 from torch.testing._internal.common_utils import run_tests
 
@@ -85,6 +88,15 @@ EMPTY_SLOTS_FIRST = (
 )
 
 
+# Where each call builds its classes: ``type()`` names a class after the module
+# of the code that calls it, or ``abc`` where ABCMeta's own ``__new__`` calls it.
+BUILDERS = {
+    "fully_shard": _fsdp_init.__name__,
+    "replicate": _fsdp_init.__name__,
+    "ddp": DDP.__module__,
+}
+
+
 class TestWrapperCls(FSDPTestMultiThread):
     @property
     def world_size(self) -> int:
@@ -116,7 +128,7 @@ class TestWrapperCls(FSDPTestMultiThread):
                     self.assertIs(new_cls.__mro__[index], cls)
                     self.assertIs(type(new_cls), type(cls))
                     if wrapper_cls is not DDP:
-                        self.assertIs(new_cls.reshard, FSDPModule.reshard)
+                        module.reshard()  # FSDPModule's, not ReshardingMLP's
                         # One class per module class, as for any other module.
                         self.assertIs(type(wrap(cls(8))), new_cls)
                     with self.assertRaisesRegex(AssertionError, "deepcopy"):
@@ -132,10 +144,62 @@ class TestWrapperCls(FSDPTestMultiThread):
 
     def test_other_modules_keep_their_class(self):
         for name, wrap, wrapper_cls, _, _ in self._wrappers():
-            for cls in (MLP, ABCLastMLP):
+            for cls, made_in in ((MLP, BUILDERS[name]), (ABCLastMLP, "abc")):
                 with self.subTest(wrapper=name, cls=cls.__name__):
-                    module = wrap(cls(8))
-                    self.assertEqual(type(module).__bases__, (wrapper_cls, cls))
+                    new_cls = type(wrap(cls(8)))
+                    self.assertEqual(new_cls.__bases__, (wrapper_cls, cls))
+                    self.assertIs(type(new_cls), type(cls))
+                    self.assertEqual(new_cls.__module__, made_in)
+
+    def test_no_code_of_the_module_class_runs_but_what_type_runs(self):
+        calls = collections.Counter()
+
+        class Counting(abc.ABCMeta):
+            def __new__(mcs, name, bases, namespace, **kwargs):
+                calls["metaclass __new__"] += 1
+                return super().__new__(mcs, name, bases, namespace, **kwargs)
+
+            def __call__(cls, *args, **kwargs):
+                calls["metaclass __call__"] += 1
+                return super().__call__(*args, **kwargs)
+
+        class Hooks(metaclass=Counting):
+            __slots__ = ()
+
+            def __new__(cls, *args, **kwargs):
+                calls["__new__"] += 1
+                return super().__new__(cls)
+
+            def __del__(self):
+                calls["__del__"] += 1
+
+            def __init_subclass__(cls, **kwargs):
+                super().__init_subclass__(**kwargs)
+                calls["__init_subclass__"] += 1
+
+        class HooksFirstMLP(Hooks, MLP):
+            pass
+
+        class HooksLastMLP(MLP, Hooks):
+            pass
+
+        # Every module lives to the end: the ranks are threads of one process.
+        kept = []
+        for name, wrap, _, _, _ in self._wrappers():
+            for cls in (HooksFirstMLP, HooksLastMLP):
+                with self.subTest(wrapper=name, cls=cls.__name__):
+                    modules = [cls(8), cls(8)]
+                    kept += modules
+                    gc.collect()
+                    calls.clear()
+                    for module in modules:
+                        wrap(module)
+                    gc.collect()
+                    # ``type()`` ran once per class built: once per call for ddp.
+                    once = 2 if name == "ddp" else 1
+                    self.assertEqual(
+                        calls, {"metaclass __new__": once, "__init_subclass__": once}
+                    )
 
     def test_one_class_per_call(self):
         for name, wrap, _, prefix, _ in self._wrappers():
