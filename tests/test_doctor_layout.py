@@ -191,6 +191,24 @@ def test_a_newer_rows_helper_beside_the_one_the_wrappers_call_is_not_their_site(
     assert (answer.known, answer.site_key) == (True, "FSDP2 fully_shard since torch 2.11")
 
 
+@pytest.mark.parametrize("release", made_up_releases.RELEASES, ids=str)
+def test_a_newer_releases_rows_are_not_asked_of_an_older_torch(
+    tmp_path: Path, release: made_up_releases.MadeUpRelease, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.13's files, with a newer release's rows in the tables: each wrapper is known by a row
+    2.13 may have, and one 2.13 predates is absent, not a layout doctor does not know (which would
+    turn OK into CANNOT TELL where the stand-in lacks the new module)."""
+    made_up_releases.add_rows(release, monkeypatch.setattr)
+    for answer in read_from(torch_tree(tmp_path, TORCH_2_13_EVERY_SITE), "2.13.0"):
+        rows = _sites.sites_of(answer.api, (2, 13))
+        if _sites.distribution_of(answer.api) != "torch":
+            continue
+        if rows:
+            assert answer.known is True and answer.site_key in {site.key for site in rows}, answer.text
+        else:
+            assert (answer.known, answer.text) == (None, f"torch 2.13.0 has no {answer.api}")
+
+
 def test_a_module_binds_what_it_imports_from_the_module_the_import_names(tmp_path: Path) -> None:
     source = textwrap.dedent("""
         from __future__ import annotations

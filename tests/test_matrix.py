@@ -129,7 +129,8 @@ def test_every_api_has_its_evidence_in_the_record(
 
 AFFECTED_TRANSFORMERS = next(row for row in _matrix.TRANSFORMERS_ROWS if row.affected)
 UNAFFECTED_TRANSFORMERS = [row for row in _matrix.TRANSFORMERS_ROWS if not row.affected]
-LAST_TORCH = _matrix.TORCH_ROWS[-1]
+# The newest torch with the bug: a newer one may have torch's fix.
+LAST_TORCH = next(row for row in reversed(_matrix.TORCH_ROWS) if row.affected and not row.fixed)
 BUGGY_PYTHON = next(row for row in _matrix.PYTHON_ROWS if row.affected)
 FIXED_PYTHON = next(row for row in _matrix.PYTHON_ROWS if not row.affected)
 TORCH = text(LAST_TORCH.first) + ".0"

@@ -274,16 +274,16 @@ def test_a_new_class_swap_in_torch_fails_the_sweep(tmp_path: Path) -> None:
 def run_made_up(tmp_path: Path, installed: Path, release: made_up_releases.MadeUpRelease,
                 version: Optional[str] = None, files: Optional[list[str]] = None) -> dict[str, Any]:
     """made_up_run.py's report in a venv whose stand-in torch is the made-up ``release`` (or the
-    stand-in, at ``version``, holding only ``files`` of it), with the release's rows in the
-    package's tables from interpreter start, as if they were in its source: a ``.pth`` file the
-    site module reads before fsdp_autopatch.pth (names are read in sorted order)."""
+    stand-in, at ``version``, holding only ``files`` of tests/stand_in/made_up/), with the
+    release's rows in the package's tables from interpreter start, as if they were in its source:
+    a ``.pth`` file the site module reads before fsdp_autopatch.pth (it reads them in sorted order)."""
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site, version=version or release.torch)
     fake_transformers(env.site)
     if files is None:
         made_up_releases.lay_over(env.site, release)
-    for file in files or ():
-        shutil.copy2(made_up_releases.MADE_UP / release.torch / file, env.site / file)
+    for file in files or ():  # "<release>/torch/...": that release's module, in the stand-in
+        shutil.copy2(made_up_releases.MADE_UP / file, env.site / file.split("/", 1)[1])
     (env.site / "_made_up_release.pth").write_text(
         f"{PROGRAMS}\nimport made_up_releases; made_up_releases.add_rows_at_start({release.torch!r})\n")
     result = env.run_program(PROGRAMS / "made_up_run.py", release.torch)
@@ -387,11 +387,17 @@ def test_a_newer_releases_row_is_not_taken_for_a_torch_whose_wrappers_call_the_o
     tmp_path: Path, installed: Path, version: str
 ) -> None:
     """The stand-in of torch 2.13 holding made-up 2.16's helper module (the same name in a new
-    place), with 2.16's rows in the tables: fully_shard and replicate still call the old helper,
-    so the patch and doctor take the 2.11 rows. At 2.13.0 by release; at a 2.16.0 that did not
-    move it, because each wrapper's helper comes from _fsdp_init, not from the 2.16 row's module."""
-    release = made_up_releases.MOVES_THE_SHARED_HELPER
+    place) and 2.17's pipeline_wrap module, with both releases' rows in the tables: fully_shard and
+    replicate still call the old helper, so the patch and doctor take the 2.11 rows. At 2.13.0 by
+    release, and at a 2.16.0 that did not move it, because each wrapper's helper comes from
+    _fsdp_init, not from the 2.16 row's module. pipeline_wrap's row is 2.17's: neither has it."""
+    release = made_up_releases.ADDS_AN_API
     report = run_made_up(tmp_path, installed, release, version,
-                         files=["torch/distributed/_composable/_swap_class.py"])
+                         files=["2.16.0/torch/distributed/_composable/_swap_class.py",
+                                "2.17.0/torch/distributed/_composable/pipeline_wrap.py"])
     assert_wrapped(report, {_sites.FULLY_SHARD: "FSDP2 fully_shard since torch 2.11",
                             _sites.FSDP2_REPLICATE: "FSDP2 replicate since torch 2.11"})
+    pipeline_wrap = report["wrappers"][made_up_releases.PIPELINE_WRAP]
+    assert pipeline_wrap["row"] is None and pipeline_wrap["doctor"] == {
+        "known": None, "site_key": None, "fixed": False,
+        "text": f"torch {version} has no {made_up_releases.PIPELINE_WRAP}"}, pipeline_wrap

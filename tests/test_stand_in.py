@@ -51,6 +51,19 @@ def read_sites(root: Path) -> dict[str, Any]:
     return found
 
 
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=str)
+def test_the_stand_in_has_every_module_start_up_watches(
+    release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/test_startup.py imports each on the stand-in, and doctor's tests build a torch of every
+    site from it: a module a new release adds to TORCH_MODULES goes there too (CONTRIBUTING; a
+    made-up release's, in its folder of tests/stand_in/made_up/)."""
+    made_up_releases.add_rows(release, monkeypatch.setattr)
+    made_up = made_up_releases.releases_up_to(release) if release else []
+    roots = [STAND_IN, *(made_up_releases.MADE_UP / each.torch for each in made_up)]
+    assert [name for name in _sites.TORCH_MODULES if not any(module_path(root, name) for root in roots)] == []
+
+
 def test_the_stand_in_copies_the_release_the_tests_pin() -> None:
     """A release the tests do not pin gets nothing in the stand-in; when the pin moves to one, the
     stand-in's modules become that release's (CONTRIBUTING), and this release with them."""
