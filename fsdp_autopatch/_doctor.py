@@ -19,7 +19,7 @@ import types
 from dataclasses import asdict, dataclass, field
 from importlib import machinery, metadata, util
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 from urllib.parse import unquote, urlparse
 
 import fsdp_autopatch
@@ -216,7 +216,11 @@ def absolute_module(name: str, level: int, package: str) -> str:
     return f"{base}.{name}" if name else base
 
 
-def file_lookups(compiled: dict[str, Compiled]) -> tuple[Any, Any, Any]:
+Lookups = tuple[Callable[[str, str], bool], Callable[[str, str], list[types.CodeType]],
+                Callable[[str, str], Optional[str]]]
+
+
+def file_lookups(compiled: dict[str, Compiled]) -> Lookups:
     """``_sites.shape_problem``'s ``has``, ``code_of`` and ``origin``, over compiled modules."""
     empty = Compiled({}, {})
 

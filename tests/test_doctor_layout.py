@@ -165,7 +165,7 @@ def layout(tmp_path: Path, files: dict[str, str], version: str = "2.13.0", api: 
 # --------------------------------------------------------------------------------------------- known layouts
 
 
-@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=str)
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
 def test_torch_2_13s_layout_is_known_with_the_function_and_the_wrapper_named(
     tmp_path: Path, release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,7 +191,7 @@ def test_a_newer_rows_helper_beside_the_one_the_wrappers_call_is_not_their_site(
     assert (answer.known, answer.site_key) == (True, "FSDP2 fully_shard since torch 2.11")
 
 
-@pytest.mark.parametrize("release", made_up_releases.RELEASES, ids=str)
+@pytest.mark.parametrize("release", made_up_releases.RELEASES, ids=made_up_releases.table_id)
 def test_a_newer_releases_rows_are_not_asked_of_an_older_torch(
     tmp_path: Path, release: made_up_releases.MadeUpRelease, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -423,7 +423,7 @@ def test_doctor_strict_cannot_tell_for_a_torch_newer_than_the_matrix(installed: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=str)
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
 def test_the_installed_torchs_own_files_are_known_and_their_edits_are_not(
     real_torch: dict[str, str], tmp_path: Path, release: Optional[made_up_releases.MadeUpRelease],
     monkeypatch: pytest.MonkeyPatch

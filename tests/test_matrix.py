@@ -71,7 +71,7 @@ def test_rows_tile_every_release_without_gaps_and_carry_evidence(name: str) -> N
     assert all(row.package == name and row.evidence for row in rows)
 
 
-@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=str)
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
 def test_a_torch_release_is_one_row_and_every_fsdp2_release_has_one(
     release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -102,7 +102,7 @@ def test_torch_newer_than_the_rows_is_in_no_row() -> None:
     assert _matrix.row_for(_matrix.TORCH_ROWS, text(_matrix.TORCH_ROWS[-1].first)) is not None
 
 
-@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=str)
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
 def test_every_fsdp2_torch_in_the_rows_is_affected_and_only_a_release_with_torchs_fix_is_fixed(
     release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -118,7 +118,7 @@ def test_every_fsdp2_torch_in_the_rows_is_affected_and_only_a_release_with_torch
     assert fixed == sorted(fixed)
 
 
-@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=str)
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
 def test_every_api_has_its_evidence_in_the_record(
     release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -256,7 +256,7 @@ def test_a_row_without_a_sweep_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     assert f"{later[0]}.{later[1]}" in said.split("yet for torch ")[1].split(":")[0].split(", ")
 
 
-@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=str)
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
 def test_rendered_table_has_every_row(
     release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -127,7 +127,7 @@ def test_a_type_call_in_a_nested_function_reaches_the_global() -> None:
     assert _sites.shape_problem(INLINE, *lookups({"m": ({"Wrapper", "deepcopy", "wrap"}, source)})) is None
 
 
-@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=str)
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
 def test_the_start_up_names_come_from_the_table(
     release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -141,7 +141,7 @@ def test_the_start_up_names_come_from_the_table(
     assert {site.api for site in _sites.SITES} == set(_sites.APIS)
 
 
-@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=str)
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
 def test_every_row_has_a_key_of_its_own_and_each_apis_rows_are_newest_first(
     release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
 ) -> None:

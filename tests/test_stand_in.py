@@ -51,7 +51,7 @@ def read_sites(root: Path) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=str)
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
 def test_the_stand_in_has_every_module_start_up_watches(
     release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -76,7 +76,7 @@ def signature(code: Any) -> tuple[Any, ...]:
     return code.co_varnames[: code.co_argcount], code.co_names, globals_loaded
 
 
-@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=str)
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
 def test_the_stand_in_has_the_sites_of_the_installed_torch(
     release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -101,6 +101,10 @@ RELEASES = (MOVES_THE_SHARED_HELPER, ADDS_AN_API, FIXES_THE_BUG)
 TABLES: tuple[Optional[MadeUpRelease], ...] = (None, *RELEASES)
 
 
+def table_id(release: Optional[MadeUpRelease]) -> str:
+    return "as shipped" if release is None else str(release)
+
+
 def named(version: str) -> MadeUpRelease:
     return next(release for release in RELEASES if release.torch == version)
 
