@@ -19,7 +19,7 @@ import types
 from dataclasses import asdict, dataclass, field
 from importlib import machinery, metadata, util
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 from urllib.parse import unquote, urlparse
 
 import fsdp_autopatch
@@ -171,20 +171,69 @@ def module_file(name: str) -> Optional[Path]:
     return path if path is not None and path.suffix == ".py" and path.is_file() else None
 
 
-Compiled = tuple[frozenset[str], dict[str, list[types.CodeType]]]
+class Compiled(NamedTuple):
+    """A module's source compiled, not run: what the patch reads of a live module."""
+
+    # Each name its top level binds (if/try/with blocks included), and the module that binds it:
+    # the one a ``from ... import`` names, the module itself for its own functions and classes;
+    # None for any other value, or a name bound from two places.
+    origins: dict[str, Optional[str]]
+    functions: dict[str, list[types.CodeType]]  # the code of its top-level functions, by name
 
 
-def compile_module(path: Path) -> Compiled:
-    """A module's source compiled, not run: the names its top level binds (if/try/with blocks
-    included), and the code of its top-level functions, as the patch reads the live ones."""
+def compile_module(path: Path, module: str) -> Compiled:
+    """Module ``module``'s source file at ``path``, compiled."""
     code = compile(path.read_text(encoding="utf-8"), str(path), "exec", dont_inherit=True)
-    names = frozenset(instruction.argval for instruction in dis.get_instructions(code)
-                      if instruction.opname in ("STORE_NAME", "STORE_GLOBAL"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    instructions = list(dis.get_instructions(code))
+    origins: dict[str, Optional[str]] = {}
+    imported: Optional[str] = None  # the module of the latest import statement
+    source: Optional[str] = None  # where the value about to be stored comes from
+    for index, instruction in enumerate(instructions):
+        if instruction.opname == "IMPORT_NAME":  # after LOAD_CONST <level>, LOAD_CONST <names>
+            level = instructions[index - 2].argval if index >= 2 else 0
+            imported = absolute_module(instruction.argval, level if isinstance(level, int) else 0, package)
+        elif instruction.opname == "IMPORT_FROM":
+            source = imported
+        elif instruction.opname == "MAKE_FUNCTION":  # a def or a class, decorated or not
+            source = module
+        elif instruction.opname in ("STORE_NAME", "STORE_GLOBAL"):
+            name = instruction.argval
+            origins[name] = source if origins.get(name, source) == source else None
+            source = None
     functions: dict[str, list[types.CodeType]] = {}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             functions.setdefault(const.co_name, []).append(const)
-    return names, functions
+    return Compiled(origins, functions)
+
+
+def absolute_module(name: str, level: int, package: str) -> str:
+    """The module an import statement in ``package`` names (``from .._x import y``: level 2)."""
+    if level == 0:
+        return name
+    base = package.rsplit(".", level - 1)[0] if level > 1 else package
+    return f"{base}.{name}" if name else base
+
+
+Lookups = tuple[Callable[[str, str], bool], Callable[[str, str], list[types.CodeType]],
+                Callable[[str, str], Optional[str]]]
+
+
+def file_lookups(compiled: dict[str, Compiled]) -> Lookups:
+    """``_sites.shape_problem``'s ``has``, ``code_of`` and ``origin``, over compiled modules."""
+    empty = Compiled({}, {})
+
+    def has(module: str, name: str) -> bool:
+        return name in compiled.get(module, empty).origins
+
+    def code_of(module: str, name: str) -> list[types.CodeType]:
+        return compiled.get(module, empty).functions.get(name, [])
+
+    def origin(module: str, name: str) -> Optional[str]:
+        return compiled.get(module, empty).origins.get(name)
+
+    return has, code_of, origin
 
 
 def find_site(api: str, torch_version: Optional[str]) -> dict[str, Any]:
@@ -198,14 +247,19 @@ def find_site(api: str, torch_version: Optional[str]) -> dict[str, Any]:
     def answer(known: Optional[bool], text: str, site: Optional[_sites.Site] = None,
                file: Optional[Path] = None, doubt: bool = False) -> dict[str, Any]:
         return {"api": api, "known": known, "text": text, "site": site and site.name,
-                "file": file and str(file), "doubt": doubt, "fixed": bool(site and site.fixed)}
+                "site_key": site and site.key, "file": file and str(file), "doubt": doubt,
+                "fixed": bool(site and site.fixed)}
 
-    sites = _sites.sites_of(api)
-    top = sites[0].module.split(".")[0]
+    # The rows of this release only: an older one does not have a newer row's site, whatever files
+    # it holds (every row, where the version is unreadable).
+    sites = _sites.sites_of(api, _matrix.release_or_none(version))
+    top = _sites.top_package(api)
     if version is None:
         return answer(None, f"{distribution} is not installed")
     if row is not None and not row.affected:
         return answer(None, f"torch {version} has no FSDP2")
+    if not sites:  # FSDP2's replicate came in torch 2.9, for one
+        return answer(None, f"{distribution} {version} has no {api}")
     if module_file(top) is None:
         return answer(None, f"cannot tell: no {top} package with source files is importable", doubt=True)
     compiled: dict[str, Compiled] = {}
@@ -216,24 +270,19 @@ def find_site(api: str, torch_version: Optional[str]) -> dict[str, Any]:
             path = module_file(name)
             if path is not None and name not in compiled:
                 try:
-                    compiled[name], files[name] = compile_module(path), path
+                    compiled[name], files[name] = compile_module(path, name), path
                 except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as error:
                     return answer(None, f"cannot tell: {path} cannot be compiled here ({error})", file=path,
                                   doubt=True)
         if candidate.module not in compiled:
             continue
-        problem = _sites.shape_problem(
-            candidate, lambda module, name: name in compiled.get(module, (frozenset(), {}))[0],
-            lambda module, name: compiled.get(module, (frozenset(), {}))[1].get(name, []))
+        problem = _sites.shape_problem(candidate, *file_lookups(compiled))
         if problem is None:
             where = f"{candidate.builder_module.rsplit('.', 1)[-1]}.{candidate.builder}"
             fixed = " (torch's own fix)" if candidate.fixed else ""
             return answer(True, f"{api} site known: {where}{fixed}", candidate, files[candidate.module])
         details = missing.setdefault(files[candidate.module], [])
         details += [problem] if problem not in details else []
-    # FSDP2's replicate came in torch 2.9, for one (an unreadable version: every site may be there).
-    if not missing and not _sites.sites_of(api, _matrix.release_or_none(version)):
-        return answer(None, f"{distribution} {version} has no {api}")
     found = "; ".join(f"{path}: {', and '.join(details)}" for path, details in missing.items())
     return answer(False, f"{_sites.unknown_layout(api, version)}: "
                          f"{found or 'none of the modules where it looks is there'}")
@@ -413,7 +462,8 @@ def pair_fact(report: DoctorReport, forced: bool) -> str:
         return f"{pair}: torch's files have the fix"
     if report.in_matrix or heads is None:
         return f"{pair}: the bug is here (version matrix)"
-    why = "CPython accepts the ABC swap" if heads.affected else "no head inherits ABC"
+    why = ("no head inherits ABC" if not heads.affected else "torch's own fix builds accepted classes"
+           if row is not None and row.fixed else "CPython accepts the ABC swap")
     return f"{pair}: {why} (version matrix)"
 
 

@@ -215,7 +215,7 @@ def try_install(just_ran: Optional[object] = None) -> None:
                 _status.torch = _status.torch or torch_version
                 if TRANSFORMERS in sys.modules:
                     _status.transformers = _version_of(TRANSFORMERS)[0]
-                _status.reason = _with_problems(_waiting_reason(mode))
+                _status.reason = _with_problems(_waiting_reason(mode, just_ran))
                 return
             transformers_version, transformers_note = (
                 _version_of(TRANSFORMERS) if TRANSFORMERS in sys.modules else (None, ""))
@@ -334,10 +334,8 @@ def _unknown_layouts(
             continue
         distribution = _sites.distribution_of(api)
         sites = _sites.sites_of(api)
-        modules = {site.module for site in sites}
         # Another package's version is read from its top-level module, loaded with the site's.
-        top_module = next(iter(modules)).split(".")[0]
-        version = torch_version if distribution == "torch" else _version_of(top_module)[0]
+        version = torch_version if distribution == "torch" else _version_of(_sites.top_package(api))[0]
         release = _matrix.release_or_none(version)
         if not any(_patch.loaded(site.module, just_ran) is not None or _patch.loaded(site.package, just_ran)
                    is not None for site in _sites.sites_of(api, release)):
@@ -380,10 +378,11 @@ def _version_of(package: str) -> tuple[Optional[str], str]:
     return installed, note + f"read {installed} from its installed metadata; "
 
 
-def _waiting_reason(mode: str) -> str:
-    """What the patch still waits for, naming only what is not imported yet."""
+def _waiting_reason(mode: str, just_ran: Optional[object] = None) -> str:
+    """What the patch still waits for, naming only what is not imported yet (``just_ran``: the
+    wrapper's module whose own post-import hook asks, imported though still marked so)."""
     missing = []
-    if not _problems and not any(_patch.resolve_api(api) for api in _sites.APIS):
+    if not _problems and not any(_patch.resolve_api(api, just_ran) for api in _sites.APIS):
         missing.append(waited_for())
     if mode != _config.FORCE and TRANSFORMERS not in sys.modules:
         missing.append(TRANSFORMERS)

@@ -31,9 +31,14 @@ class Row:
     package: str
     first: Release  # inclusive
     end: Optional[Release]  # exclusive; None: no upper end
+    # transformers: heads inherit ABC; torch: FSDP2 swaps classes (False: no FSDP2); python:
+    # CPython refuses the swap.
     affected: bool
     evidence: str
     last: Optional[Release] = None  # the newest release of a range that was read
+    # torch: its FSDP2 builds, at every site, a class CPython accepts for an ABC module itself
+    # (torch's own fix): affected, yet no bug.
+    fixed: bool = False
 
     def covers(self, numbers: Release) -> bool:
         return _significant(self.first) <= numbers and (
@@ -56,13 +61,15 @@ _AFFECTED = next(row for row in TRANSFORMERS_ROWS if row.affected)
 AFFECTED_TRANSFORMERS = "-".join(".".join(map(str, release)) for release in (_AFFECTED.first, _AFFECTED.last))
 
 
-def _torch(minor: int, evidence: str) -> Row:
-    """One torch release with FSDP2 (2.<minor>.x), and what was read or run of it."""
-    return Row("torch", (2, minor), (2, minor + 1), True, evidence)
+def _torch(minor: int, evidence: str, fixed: bool = False) -> Row:
+    """One torch release with FSDP2 (2.<minor>.x), and what was read or run of it; ``fixed``: a
+    release whose every site builds classes CPython accepts itself (torch's own fix)."""
+    return Row("torch", (2, minor), (2, minor + 1), True, evidence, fixed=fixed)
 
 
 # One row per torch release. Every one with FSDP2 has the bug: no release up to 2.15.0 builds a
-# class CPython accepts for an ABC module (pytorch#160068; a fix promised for 2.9 never shipped).
+# class CPython accepts for an ABC module (pytorch#160068; a fix promised for 2.9 never shipped);
+# the first that does is ``_torch(minor, evidence, fixed=True)``.
 TORCH_ROWS = (
     Row("torch", (0,), (2, 4), False, "no FSDP2 fully_shard before 2.4"),
     _torch(4, "2.4.1 read: _composable/fsdp/fully_shard.py builds FSDP<Name>(FSDPModule, cls) inline, "
@@ -226,7 +233,8 @@ def decide(
     python_row = row_for(PYTHON_ROWS, python or python_version())
     assert python_row is not None  # the rows cover every release
     cpython = interpreter(python)
-    in_matrix = (False if not python_row.affected
+    fixed_by_torch = torch_row is not None and torch_row.fixed
+    in_matrix = (False if not python_row.affected or fixed_by_torch
                  else None if torch_row is None else True)
     refused = probe() if probe is not None else None
     if refused is True:
@@ -239,6 +247,11 @@ def decide(
         assert torch_row is not None
         return Decision(True, f"{pair} has the bug on {cpython} (version matrix: "
                               f"{torch_row.evidence})", True, MATRIX)
+    if fixed_by_torch:
+        assert torch_row is not None
+        return Decision(False, f"torch {torch_version} builds wrapper classes {cpython} accepts for ABC "
+                               f"modules itself (version matrix: {torch_row.evidence}): nothing to patch",
+                        False, MATRIX)
     if in_matrix is False:
         # The row's first release, not its evidence: the evidence names the CPython it was
         # measured on, often the very one running, which the reason already names.

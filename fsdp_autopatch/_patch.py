@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from types import CodeType, FunctionType, ModuleType
 from typing import Any, Callable, Optional
 
-from fsdp_autopatch import _layout, _sites, _wrapper_cls
+from fsdp_autopatch import _layout, _matrix, _sites, _wrapper_cls
 from fsdp_autopatch._sites import Site
 
 logger = logging.getLogger("fsdp_autopatch")
@@ -339,13 +339,19 @@ def _has(module_name: str, name: str) -> bool:
     return hasattr(sys.modules.get(module_name), name)
 
 
+def _origin(module_name: str, name: str) -> Optional[str]:
+    """The module that defines the function the module binds under ``name``."""
+    origin = getattr(bound_function(module_name, name), "__module__", None)
+    return origin if isinstance(origin, str) else None
+
+
 def resolve(site: Site, just_ran: Optional[object] = None) -> Optional[Construction]:
     """The site's construction in the loaded torch, or None: a module not loaded (or still being
     imported), a name missing, or bytecode that does not build classes as the site says."""
     module, builder_module = loaded(site.module, just_ran), loaded(site.builder_module, just_ran)
     if module is None or builder_module is None:
         return None
-    if _sites.shape_problem(site, _has, _code_of) is not None or user_binding(site) is not None:
+    if _sites.shape_problem(site, _has, _code_of, _origin) is not None or user_binding(site) is not None:
         return None
     wrapper = next(getattr(module, name) for name in site.wrappers if hasattr(module, name))
     # A builder in another module is torch 2.11+'s shared helper, called with the construction's
@@ -379,12 +385,15 @@ def user_binding(site: Site) -> Optional[str]:
 
 
 def resolve_api(api: str, just_ran: Optional[object] = None) -> Optional[Construction]:
-    """The first site of ``api`` that the loaded torch has."""
-    for site in _sites.SITES:
-        if site.api == api:
-            construction = resolve(site, just_ran)
-            if construction is not None:
-                return construction
+    """The first site of ``api`` that the loaded torch has, among the rows of its release: a
+    release older than a row's does not have it, whatever modules it holds (every row, where
+    the loaded ``__version__`` is unreadable)."""
+    version = getattr(sys.modules.get(_sites.top_package(api)), "__version__", None)
+    release = _matrix.release_or_none(str(version) if version is not None else None)
+    for site in _sites.sites_of(api, release):
+        construction = resolve(site, just_ran)
+        if construction is not None:
+            return construction
     return None
 
 

@@ -10,7 +10,8 @@ redirects that one function's ``type`` (``_patch``), so nothing of torch's publi
 none of torch's class caches, is touched. Each ``Site`` names the public function users call
 (``entry``) and the package they import it from, where the wrapper class and the deep-copy stub
 live, and the builder with its parameters. A torch release that moves a builder is one row here
-(and its evidence row in ``_matrix``); nothing else in the package names a site. How the patch
+per API that calls it (and its evidence row in ``_matrix``); nothing else in the package names a
+site. A row applies to the releases from its ``since`` on, and ``key`` names it. How the patch
 checks a site (by bytecode, at run time and in ``doctor`` alike) is ``shape_problem`` below.
 
 The module names come from the start-up module, which watches them (and must import nothing more).
@@ -81,9 +82,17 @@ class Site:
         """How the status, the log and doctor name the site: the function users call."""
         return f"{self.module}.{self.entry}"
 
+    @property
+    def key(self) -> str:
+        """The row itself, as doctor and the tests name it: its API, the first release that has it,
+        and whether torch's own fix builds its classes ("FSDP2 fully_shard since torch 2.11"). Every
+        row of an API shares ``name``; ``key`` is one row's (unique in SITES, tests/test_sites.py)."""
+        fix = " with torch's fix" if self.fixed else ""
+        return f"{self.api} since {distribution_of(self.api)} {'.'.join(map(str, self.since))}{fix}"
+
     def __repr__(self) -> str:
         constructor = ".".join(self.torch_fix) if self.torch_fix else "type"
-        return f"<site {self.name} ({constructor} called in {self.builder_module}.{self.builder})>"
+        return f"<site {self.key}: {constructor} called in {self.builder_module}.{self.builder}>"
 
 
 FULLY_SHARD = "FSDP2 fully_shard"
@@ -97,6 +106,12 @@ API_DISTRIBUTIONS = {MEGATRON_FULLY_SHARD: "megatron-fsdp"}
 
 def distribution_of(api: str) -> str:
     return API_DISTRIBUTIONS.get(api, "torch")
+
+
+def top_package(api: str) -> str:
+    """The top-level package of ``api``'s modules (torch, megatron_fsdp), whose version says which
+    of its rows a loaded release may have."""
+    return sites_of(api)[0].module.split(".")[0]
 
 
 def sites_of(api: str, release: "tuple[int, ...] | None" = None) -> "list[Site]":
@@ -166,13 +181,15 @@ def unknown_layout(api: str, version: "str | None") -> str:
     return f"{owner}'s {what} layout is unknown to fsdp-autopatch {fsdp_autopatch.__version__}"
 
 
-def shape_problem(site: Site, has: "object", code_of: "object") -> "str | None":
+def shape_problem(site: Site, has: "object", code_of: "object", origin: "object") -> "str | None":
     """What the loaded (or compiled) torch lacks for ``site``, in a few words; None when it has it.
 
     ``has(module, name)``: does the module bind ``name`` at its top level; ``code_of(module,
-    name)``: the code objects of the functions named so. One implementation for the patch (live
+    name)``: the code objects of the functions named so; ``origin(module, name)``: the module
+    that what it binds so comes from (None: cannot tell). One implementation for the patch (live
     modules) and for doctor (torch's source compiled, not imported): the builder must load the
-    global ``type`` by name, and an entry that is not its own builder must load the builder so.
+    global ``type`` by name, and an entry that is not its own builder must load the builder so,
+    bound from the builder's module.
     """
     module = site.module
     wrapper = next((name for name in site.wrappers if has(module, name)), None)  # type: ignore[operator]
@@ -187,6 +204,13 @@ def shape_problem(site: Site, has: "object", code_of: "object") -> "str | None":
             return f"no {site.builder}"
         if not any(loads_global(code, site.builder) for code in code_of(module, site.entry)):  # type: ignore[operator]
             return f"{site.entry} does not call {site.builder}"
+        # A release that moves a helper may keep the old one, or one of the same name elsewhere:
+        # the row of the place the entry does not call must not match, nor patch what is never run.
+        # A function from outside the builder's package (a user's replacement) tells no release.
+        source = origin(module, site.builder)  # type: ignore[operator]
+        package = site.builder_module.split(".")[0]
+        if source is not None and source != site.builder_module and source.split(".")[0] == package:
+            return f"{site.builder} comes from {source}"
     # What the builder calls to build the class: the global type, or torch's own fix in its place.
     constructor = "type"
     if site.torch_fix is not None:

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
+import made_up_releases
 import pytest
 from conftest import STAND_IN, environment, make_throwaway, run_python
 from test_cli import add_distribution, one_object, run_cli
@@ -164,11 +165,81 @@ def layout(tmp_path: Path, files: dict[str, str], version: str = "2.13.0", api: 
 # --------------------------------------------------------------------------------------------- known layouts
 
 
-def test_torch_2_13s_layout_is_known_with_the_function_and_the_wrapper_named(tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
+def test_torch_2_13s_layout_is_known_with_the_function_and_the_wrapper_named(
+    tmp_path: Path, release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made_up_releases.add_rows(release, monkeypatch.setattr)
     answer = layout(tmp_path, TORCH_2_13_FILES)
-    assert answer.known is True
+    assert answer.known is True and answer.site_key == "FSDP2 fully_shard since torch 2.11"
     assert answer.site == FULLY_SHARD_2_6 and answer.file == str(tmp_path / SITE_2_6)
     assert answer.text == "FSDP2 fully_shard site known: _fsdp_init._apply_to_module"
+
+
+@pytest.mark.parametrize("version", ["2.13.0", "2.16.0"])
+def test_a_newer_rows_helper_beside_the_one_the_wrappers_call_is_not_their_site(
+    tmp_path: Path, version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.13's files holding made-up 2.16's helper module too (the same name in a new place),
+    with 2.16's rows in the tables: fully_shard still calls _fsdp_init's, so doctor names the 2.11
+    row. At 2.13.0 by release; at a 2.16.0 that did not move it, by where its helper comes from."""
+    release = made_up_releases.MOVES_THE_SHARED_HELPER
+    made_up_releases.add_rows(release, monkeypatch.setattr)
+    moved = "torch/distributed/_composable/_swap_class.py"
+    files = {**TORCH_2_13_FILES, moved: (made_up_releases.MADE_UP / release.torch / moved).read_text()}
+    answer = layout(tmp_path, files, version)
+    assert (answer.known, answer.site_key) == (True, "FSDP2 fully_shard since torch 2.11")
+
+
+@pytest.mark.parametrize("release", made_up_releases.RELEASES, ids=made_up_releases.table_id)
+def test_a_newer_releases_rows_are_not_asked_of_an_older_torch(
+    tmp_path: Path, release: made_up_releases.MadeUpRelease, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.13's files, with a newer release's rows in the tables: each wrapper is known by a row
+    2.13 may have, and one 2.13 predates is absent, not a layout doctor does not know (which would
+    turn OK into CANNOT TELL where the stand-in lacks the new module)."""
+    made_up_releases.add_rows(release, monkeypatch.setattr)
+    for answer in read_from(torch_tree(tmp_path, TORCH_2_13_EVERY_SITE), "2.13.0"):
+        rows = _sites.sites_of(answer.api, (2, 13))
+        if _sites.distribution_of(answer.api) != "torch":
+            continue
+        if rows:
+            assert answer.known is True and answer.site_key in {site.key for site in rows}, answer.text
+        else:
+            assert (answer.known, answer.text) == (None, f"torch 2.13.0 has no {answer.api}")
+
+
+def test_a_module_binds_what_it_imports_from_the_module_the_import_names(tmp_path: Path) -> None:
+    source = textwrap.dedent("""
+        from __future__ import annotations
+        import torch.nn as nn
+        from ._fsdp_init import _apply_to_module, other as alias
+        from .. import sibling
+        from torch.distributed.fsdp._fully_shard._fsdp_init import helper
+        try:
+            from a import either
+        except ImportError:
+            from b import either
+        @decorate()
+        def fully_shard(module): ...
+        class FSDPModule: ...
+        count = 1
+    """)
+    path = tmp_path / "_fully_shard.py"
+    path.write_text(source)
+    origins = _doctor.compile_module(path, "torch.distributed.fsdp._fully_shard._fully_shard").origins
+    assert origins == {
+        "annotations": "__future__", "nn": "torch.nn",
+        "_apply_to_module": "torch.distributed.fsdp._fully_shard._fsdp_init",
+        "alias": "torch.distributed.fsdp._fully_shard._fsdp_init", "sibling": "torch.distributed.fsdp",
+        "helper": "torch.distributed.fsdp._fully_shard._fsdp_init", "either": None,
+        "fully_shard": "torch.distributed.fsdp._fully_shard._fully_shard",
+        "FSDPModule": "torch.distributed.fsdp._fully_shard._fully_shard", "count": None}
+    # A package's own __init__.py imports relative to itself.
+    init = tmp_path / "__init__.py"
+    init.write_text("from ._fully_shard import fully_shard\n")
+    assert _doctor.compile_module(init, "torch.distributed.fsdp").origins == {
+        "fully_shard": "torch.distributed.fsdp._fully_shard"}
 
 
 def test_a_type_call_in_a_closure_counts(tmp_path: Path) -> None:
@@ -272,7 +343,7 @@ def environment_with_torch(root: Path, installed: Path, torch_version: str, site
     """The python of a venv with the package, wrapt, transformers 4.55.2 and a torch whose FSDP2
     module holds ``site_source`` (all fakes but the package and wrapt)."""
     throwaway = make_throwaway(root, installed)
-    # The stand-in torch carries every site (a made-up release's module too); then this source.
+    # The stand-in torch carries every site of the release it copies; then this source.
     files = {path.relative_to(STAND_IN).as_posix(): path.read_text(encoding="utf-8")
              for path in (STAND_IN / "torch").rglob("*.py")}
     files[SITE_2_6] = site_source
@@ -352,9 +423,14 @@ def test_doctor_strict_cannot_tell_for_a_torch_newer_than_the_matrix(installed: 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
 def test_the_installed_torchs_own_files_are_known_and_their_edits_are_not(
-    real_torch: dict[str, str], tmp_path: Path
+    real_torch: dict[str, str], tmp_path: Path, release: Optional[made_up_releases.MadeUpRelease],
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Also with a newer release's rows in the tables: doctor names the row the installed torch
+    has, not the newest of its API."""
+    made_up_releases.add_rows(release, monkeypatch.setattr)
     version = real_torch["torch"]
     answers = [Answer(_doctor.find_site(api, version)) for api in _sites.APIS]
     for answer in answers:
@@ -365,7 +441,7 @@ def test_the_installed_torchs_own_files_are_known_and_their_edits_are_not(
         assert answer.known is True and answer.file is not None, answer.text
         assert answer.text.startswith(f"{answer.api} site known: ")
     # The fully_shard site's files, copied and then edited as a release moving away could.
-    site = next(site for site in _sites.SITES if site.name == answers[0].site)
+    site = next(site for site in _sites.SITES if site.key == answers[0].site_key)
     sources = {}
     for module in dict.fromkeys((site.module, site.builder_module)):
         path = _doctor.module_file(module)
@@ -373,7 +449,7 @@ def test_the_installed_torchs_own_files_are_known_and_their_edits_are_not(
         sources["/".join(module.split(".")) + ".py"] = path.read_text(encoding="utf-8")
     builder_file = "/".join(site.builder_module.split(".")) + ".py"
     same = layout(tmp_path / "same", sources, version=version)
-    assert same.known is True and same.site == site.name
+    assert same.known is True and same.site_key == site.key
     calls_type = edited(sources[builder_file], "new_cls = type(", "new_cls = builtins.type(")
     moved = layout(tmp_path / "attribute", {**sources, builder_file: calls_type}, version=version)
     assert moved.known is False and f"{site.builder} does not call the global type" in moved.text, moved.text

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import made_up_releases
 import pytest
 import version_table
 
@@ -70,8 +71,12 @@ def test_rows_tile_every_release_without_gaps_and_carry_evidence(name: str) -> N
     assert all(row.package == name and row.evidence for row in rows)
 
 
-def test_a_torch_release_is_one_row_and_every_fsdp2_release_has_one() -> None:
-    """Adding a torch release that changes nothing is one row: 2.<minor> covers 2.<minor>.x."""
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
+def test_a_torch_release_is_one_row_and_every_fsdp2_release_has_one(
+    release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adding a torch release is one row: 2.<minor> covers 2.<minor>.x."""
+    made_up_releases.add_rows(release, monkeypatch.setattr)
     fsdp2 = _matrix.TORCH_ROWS[1:]
     assert [row.first for row in fsdp2] == [(2, minor) for minor in range(4, 4 + len(fsdp2))]
     assert all(row.end == (2, row.first[1] + 1) for row in fsdp2)
@@ -97,22 +102,35 @@ def test_torch_newer_than_the_rows_is_in_no_row() -> None:
     assert _matrix.row_for(_matrix.TORCH_ROWS, text(_matrix.TORCH_ROWS[-1].first)) is not None
 
 
-def test_every_fsdp2_torch_in_the_rows_is_affected() -> None:
-    """No torch release in the rows fixed the construction (the fix promised for 2.9 never
-    shipped): only the rows before FSDP2 are unaffected."""
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
+def test_every_fsdp2_torch_in_the_rows_is_affected_and_only_a_release_with_torchs_fix_is_fixed(
+    release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the rows before FSDP2 are unaffected; a release whose every site builds accepted
+    classes itself is fixed, and none up to 2.15 is (the fix promised for 2.9 never shipped)."""
+    made_up_releases.add_rows(release, monkeypatch.setattr)
     fsdp2 = [row for row in _matrix.TORCH_ROWS if row.first >= (2, 4)]
     assert fsdp2 and all(row.affected for row in fsdp2)
-    assert not any(row.affected for row in _matrix.TORCH_ROWS if row not in fsdp2)
+    assert not any(row.affected or row.fixed for row in _matrix.TORCH_ROWS if row not in fsdp2)
+    assert not any(row.fixed for row in fsdp2 if row.first <= (2, 15))
+    # Once fixed, fixed: a later release that brings the bug back is a finding of its own.
+    fixed = [row.fixed for row in fsdp2]
+    assert fixed == sorted(fixed)
 
 
-def test_every_api_has_its_evidence_in_the_record() -> None:
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
+def test_every_api_has_its_evidence_in_the_record(
+    release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made_up_releases.add_rows(release, monkeypatch.setattr, version_table)
     assert [site.api for site in version_table.SITE_EVIDENCE] == list(_sites.APIS)
     assert _matrix.AFFECTED_TRANSFORMERS == "4.54.0-4.55.2"
 
 
 AFFECTED_TRANSFORMERS = next(row for row in _matrix.TRANSFORMERS_ROWS if row.affected)
 UNAFFECTED_TRANSFORMERS = [row for row in _matrix.TRANSFORMERS_ROWS if not row.affected]
-LAST_TORCH = _matrix.TORCH_ROWS[-1]
+# The newest torch with the bug: a newer one may have torch's fix.
+LAST_TORCH = next(row for row in reversed(_matrix.TORCH_ROWS) if row.affected and not row.fixed)
 BUGGY_PYTHON = next(row for row in _matrix.PYTHON_ROWS if row.affected)
 FIXED_PYTHON = next(row for row in _matrix.PYTHON_ROWS if not row.affected)
 TORCH = text(LAST_TORCH.first) + ".0"
@@ -238,14 +256,41 @@ def test_a_row_without_a_sweep_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     assert f"{later[0]}.{later[1]}" in said.split("yet for torch ")[1].split(":")[0].split(", ")
 
 
-def test_rendered_table_has_every_row() -> None:
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
+def test_rendered_table_has_every_row(
+    release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made_up_releases.add_rows(release, monkeypatch.setattr, version_table)
     table = version_table.render()
-    for rows in ALL_ROWS.values():
+    for rows in (_matrix.TRANSFORMERS_ROWS, _matrix.TORCH_ROWS, _matrix.PYTHON_ROWS):
         for row in rows:
-            assert f"| {version_table.versions(row)} | {'yes' if row.affected else 'no'} | {row.evidence} |" \
-                in table
+            assert f"| {version_table.versions(row)} | {version_table.bug(row)} | {row.evidence} |" in table
+    for site in _sites.SITES:
+        assert f"| {site.key} | `{site.name}` |" in table
     for site in version_table.SITE_EVIDENCE:
         assert f"| {site.api} | {site.releases} | {site.evidence} |" in table
     for swap in version_table.OTHER_CLASS_SWAPS:
         assert f"| `{swap.file}` | `{swap.function}` | {swap.reason} |" in table
     assert f"≥ {text(version_table.first_release_after(_matrix.TORCH_ROWS))}" in table
+
+
+def test_a_release_torch_fixed_is_no_bug_by_the_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch row ``fixed`` (made-up 2.18: torch's fix at every site): where no probe can run
+    (doctor, the matrix), the rows say no bug and nothing to patch, and the table says why; the
+    probe still decides where it can, and force still patches."""
+    release = made_up_releases.FIXES_THE_BUG
+    made_up_releases.add_rows(release, monkeypatch.setattr, version_table)
+    fixed, before = _matrix.TORCH_ROWS[-1], _matrix.TORCH_ROWS[-2]
+    assert fixed is release.row and fixed.fixed and not before.fixed
+    torch = text(fixed.first) + ".0"
+    by_rows = decide(torch=torch)
+    assert (by_rows.apply, by_rows.in_matrix, by_rows.decided_by) == (False, False, _matrix.MATRIX)
+    cpython = _matrix.interpreter(BUGGY_PYTHON_VERSION)
+    assert by_rows.reason == (f"torch {torch} builds wrapper classes {cpython} accepts for ABC modules "
+                              f"itself (version matrix: {fixed.evidence}): nothing to patch")
+    assert decide(torch=text(before.first) + ".0").in_matrix is True
+    assert decide(torch=torch, probe=True).apply and decide(_config.FORCE, torch=torch).apply
+    table = version_table.render()
+    assert f"| torch | {text(fixed.first)} | no: torch's fix | {fixed.evidence} |" in table
+    assert f"| torch | {text(before.first)} | yes | {before.evidence} |" in table
+    assert f"(../upstream/README.md), first released in torch {text(fixed.first)}): " in table

@@ -10,15 +10,18 @@ stand-in torch tree shows that a new swap makes it fail.
 from __future__ import annotations
 
 import ast
+import shutil
 import textwrap
 import types
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+import made_up_releases
 import pytest
 import version_table
 from conftest import (
     PROGRAMS,
+    abc_swap_refused,
     fake_torch,
     fake_transformers,
     json_lines,
@@ -47,8 +50,10 @@ def compiled(source: str) -> dict[str, list[types.CodeType]]:
     return functions
 
 
-def lookups(modules: dict[str, tuple[set[str], str]]) -> tuple[Callable[..., bool], Callable[..., Any]]:
-    """``has`` and ``code_of`` over stand-in modules: name -> (top-level names, source)."""
+def lookups(modules: dict[str, tuple[set[str], str]], origins: Optional[dict[tuple[str, str], str]] = None
+            ) -> tuple[Callable[..., bool], Callable[..., Any], Callable[..., Optional[str]]]:
+    """``has``, ``code_of`` and ``origin`` over stand-in modules: name -> (top-level names, source);
+    ``origins``: (module, name) -> where that binding comes from, where known."""
     functions = {name: compiled(source) for name, (_, source) in modules.items()}
 
     def has(module: str, name: str) -> bool:
@@ -57,7 +62,10 @@ def lookups(modules: dict[str, tuple[set[str], str]]) -> tuple[Callable[..., boo
     def code_of(module: str, name: str) -> list[types.CodeType]:
         return functions.get(module, {}).get(name, [])
 
-    return has, code_of
+    def origin(module: str, name: str) -> Optional[str]:
+        return (origins or {}).get((module, name))
+
+    return has, code_of, origin
 
 
 INLINE = _sites.Site("test", (0,), "m", "wrap", ("Wrapper",), "W", "deepcopy")
@@ -66,22 +74,39 @@ HELPER = _sites.Site("test", (0,), "m", "wrap", ("Wrapper",), "W", "deepcopy", b
 
 def test_an_inline_site_is_found_by_its_type_call() -> None:
     source = TYPE_GLOBAL.replace("builder(modules, cache, wrapper, prefix, deepcopy)", "wrap(modules)")
-    has, code_of = lookups({"m": ({"Wrapper", "deepcopy", "wrap"}, source)})
-    assert _sites.shape_problem(INLINE, has, code_of) is None
+    assert _sites.shape_problem(INLINE, *lookups({"m": ({"Wrapper", "deepcopy", "wrap"}, source)})) is None
 
 
 def test_a_helper_site_needs_the_entry_to_call_the_helper() -> None:
     calls = "def wrap(modules):\n    builder(modules, {}, Wrapper, 'W', deepcopy)\n"
-    has, code_of = lookups({"m": ({"Wrapper", "deepcopy", "wrap", "builder"}, calls),
-                            "h": ({"builder"}, TYPE_GLOBAL)})
-    assert _sites.shape_problem(HELPER, has, code_of) is None
+    helper = {"h": ({"builder"}, TYPE_GLOBAL)}
+    found = lookups({"m": ({"Wrapper", "deepcopy", "wrap", "builder"}, calls), **helper})
+    assert _sites.shape_problem(HELPER, *found) is None
     idle = "def wrap(modules):\n    pass\n"
-    has, code_of = lookups({"m": ({"Wrapper", "deepcopy", "wrap", "builder"}, idle),
-                            "h": ({"builder"}, TYPE_GLOBAL)})
-    assert _sites.shape_problem(HELPER, has, code_of) == "wrap does not call builder"
+    found = lookups({"m": ({"Wrapper", "deepcopy", "wrap", "builder"}, idle), **helper})
+    assert _sites.shape_problem(HELPER, *found) == "wrap does not call builder"
     # The entry calls the helper by the name its own module binds: no binding, no call.
-    has, code_of = lookups({"m": ({"Wrapper", "deepcopy", "wrap"}, calls), "h": ({"builder"}, TYPE_GLOBAL)})
-    assert _sites.shape_problem(HELPER, has, code_of) == "no builder"
+    found = lookups({"m": ({"Wrapper", "deepcopy", "wrap"}, calls), **helper})
+    assert _sites.shape_problem(HELPER, *found) == "no builder"
+
+
+def test_a_helper_site_needs_the_entrys_helper_to_come_from_the_rows_module() -> None:
+    """A release that moves a helper and keeps one of the same name in the old module (or a
+    stand-in holding a newer release's module too): the row of the place the entry does not
+    call is not that release's, and would patch a function torch never runs."""
+    site = _sites.Site("test", (0,), "t.m", "wrap", ("Wrapper",), "W", "deepcopy",
+                       builder=("t.h", "builder", ()))
+    calls = "def wrap(modules):\n    builder(modules, {}, Wrapper, 'W', deepcopy)\n"
+    modules = {"t.m": ({"Wrapper", "deepcopy", "wrap", "builder"}, calls), "t.h": ({"builder"}, TYPE_GLOBAL),
+               "t.moved": ({"builder"}, TYPE_GLOBAL)}
+    assert _sites.shape_problem(site, *lookups(modules, {("t.m", "builder"): "t.h"})) is None
+    moved = lookups(modules, {("t.m", "builder"): "t.moved"})
+    assert _sites.shape_problem(site, *moved) == "builder comes from t.moved"
+    # Where the binding's origin cannot be told (a value assigned), or is no module of the
+    # builder's package (a user's replacement, which says nothing of the release), the names and
+    # bytecode decide.
+    assert _sites.shape_problem(site, *lookups(modules)) is None
+    assert _sites.shape_problem(site, *lookups(modules, {("t.m", "builder"): "__main__"})) is None
 
 
 @pytest.mark.parametrize(("names", "source", "problem"), [
@@ -94,22 +119,50 @@ def test_a_helper_site_needs_the_entry_to_call_the_helper() -> None:
      "wrap does not call the global type"),
 ])
 def test_what_keeps_a_site_from_being_patched_is_named(names: set[str], source: str, problem: str) -> None:
-    has, code_of = lookups({"m": (names, source)})
-    assert _sites.shape_problem(INLINE, has, code_of) == problem
+    assert _sites.shape_problem(INLINE, *lookups({"m": (names, source)})) == problem
 
 
 def test_a_type_call_in_a_nested_function_reaches_the_global() -> None:
     source = "def wrap(m):\n    def inner():\n        return type('W', (object, m), {})\n    return inner()\n"
-    has, code_of = lookups({"m": ({"Wrapper", "deepcopy", "wrap"}, source)})
-    assert _sites.shape_problem(INLINE, has, code_of) is None
+    assert _sites.shape_problem(INLINE, *lookups({"m": ({"Wrapper", "deepcopy", "wrap"}, source)})) is None
 
 
-def test_the_start_up_names_come_from_the_table() -> None:
-    assert set(_sites.WATCHED_MODULES) == {*_sites.FSDP2_PACKAGES, *(site.module for site in _sites.SITES)}
-    # torch's modules are those of the sites of torch's APIs; Megatron-FSDP's is watched beside them.
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
+def test_the_start_up_names_come_from_the_table(
+    release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up watches each torch row's module and the package users import its entry from, and
+    no builder module: a builder is imported by its entry's module (the entry's module binds it),
+    so the entry's import finds it loaded. Megatron-FSDP's module is watched beside torch's."""
+    made_up_releases.add_rows(release, monkeypatch.setattr)
     torch_sites = [site for site in _sites.SITES if _sites.distribution_of(site.api) == "torch"]
-    assert set(_sites.TORCH_MODULES) == {*_sites.FSDP2_PACKAGES, *(site.module for site in torch_sites)}
+    assert set(_sites.TORCH_MODULES) == {name for site in torch_sites for name in (site.module, site.package)}
+    assert set(_sites.WATCHED_MODULES) == {*_sites.TORCH_MODULES, *(site.module for site in _sites.SITES)}
     assert {site.api for site in _sites.SITES} == set(_sites.APIS)
+
+
+@pytest.mark.parametrize("release", made_up_releases.TABLES, ids=made_up_releases.table_id)
+def test_every_row_has_a_key_of_its_own_and_each_apis_rows_are_newest_first(
+    release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every row of an API shares the entry's name; the key names the row itself, and the first
+    row a release may have is its newest (torch's fix first, in a release that has it)."""
+    made_up_releases.add_rows(release, monkeypatch.setattr)
+    keys = [site.key for site in _sites.SITES]
+    assert len(set(keys)) == len(keys), keys
+    for api in _sites.APIS:
+        order = [(site.since, site.fixed) for site in _sites.sites_of(api)]
+        assert order == sorted(order, reverse=True), (api, order)
+
+
+def test_a_rows_key_says_its_api_its_first_release_and_torchs_fix() -> None:
+    row = _sites.Site(_sites.FULLY_SHARD, (2, 11), "m", "wrap", ("Wrapper",), "W", "deepcopy")
+    assert row.key == "FSDP2 fully_shard since torch 2.11" and row.key in repr(row)
+    fixed = _sites.Site(_sites.FULLY_SHARD, (2, 11), "m", "wrap", ("Wrapper",), "W", "deepcopy",
+                        torch_fix=("f", "make"))
+    assert fixed.key == "FSDP2 fully_shard since torch 2.11 with torch's fix"
+    megatron = _sites.Site(_sites.MEGATRON_FULLY_SHARD, (0, 6), "m", "wrap", ("Wrapper",), "W", None)
+    assert megatron.key == "Megatron-FSDP fully_shard since megatron-fsdp 0.6"
 
 
 # --------------------------------------------------------------------------------------------- the sweep
@@ -215,123 +268,136 @@ def test_a_new_class_swap_in_torch_fails_the_sweep(tmp_path: Path) -> None:
     assert unaccounted(class_swaps(torch_dir)) == [("distributed/new_wrapper.py", "wrap", 2)]
 
 
-# ------------------------------------------------------------------------------- a made-up site
-
-# A torch release that moves composable DDP's construction into a helper of another module, whose
-# parameters have names and an order of their own (tests/programs/made_up_site.py holds its Site row).
-MADE_UP_HELPER = """
-def _wrap_class(wrapper_cls, targets, name_prefix, cache, deepcopy_fn):
-    for target in targets:
-        cls = target.__class__
-        new_cls = cache.get(cls)
-        if new_cls is None:
-            new_cls = type(f"{name_prefix}{cls.__name__}", (wrapper_cls, cls), {"__deepcopy__": deepcopy_fn})
-            cache[cls] = new_cls
-        target.__class__ = new_cls
-"""
-MADE_UP_REPLICATE = """
-from torch.distributed._composable_state import _wrap_class
+# ------------------------------------------------------------------------------- made-up releases
 
 
-def unimplemented_deepcopy(*args, **kwargs):
-    raise AssertionError("DDP does not support deepcopy")
-
-
-class DDP:
-    pass
-
-
-def replicate(module, **kwargs):
-    _wrap_class(DDP, (module,), "DDP", {}, unimplemented_deepcopy)
-    return module
-"""
-
-
-def test_a_made_up_site_reaches_the_patch_the_probe_doctor_and_the_sweep(
-    tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One Site row is all a torch release that moves a builder needs: the row, added to the
-    table, is what the hooks patch, the probe asks, doctor reads and the sweep accounts for."""
+def run_made_up(tmp_path: Path, installed: Path, release: made_up_releases.MadeUpRelease,
+                version: Optional[str] = None, files: Optional[list[str]] = None) -> dict[str, Any]:
+    """made_up_run.py's report in a venv whose stand-in torch is the made-up ``release`` (or the
+    stand-in, at ``version``, holding only ``files`` of tests/stand_in/made_up/), with the
+    release's rows in the package's tables from interpreter start, as if they were in its source:
+    a ``.pth`` file the site module reads before fsdp_autopatch.pth (it reads them in sorted order)."""
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
+    fake_torch(env.site, version=version or release.torch)
     fake_transformers(env.site)
-    distributed = env.site / "torch" / "distributed"
-    (distributed / "_composable_state.py").write_text(MADE_UP_HELPER)
-    (distributed / "_composable" / "replicate.py").write_text(MADE_UP_REPLICATE)
-    result = env.run_program(PROGRAMS / "made_up_site.py")
+    if files is None:
+        made_up_releases.lay_over(env.site, release)
+    for file in files or ():  # "<release>/torch/...": that release's module, in the stand-in
+        shutil.copy2(made_up_releases.MADE_UP / file, env.site / file.split("/", 1)[1])
+    (env.site / "_made_up_release.pth").write_text(
+        f"{PROGRAMS}\nimport made_up_releases; made_up_releases.add_rows_at_start({release.torch!r})\n")
+    result = env.run_program(PROGRAMS / "made_up_run.py", release.torch)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     (report,) = json_lines(result.stdout)
-    status, classes = report["status"], report["classes"]
-    # The probe ran the made-up helper (its arguments matched by the row's names).
-    assert report["resolved"] and report["probe"] in (_patch.TORCH_REFUSED, _patch.TORCH_ACCEPTED)
-    if report["probe"] == _patch.TORCH_REFUSED:  # CPython 3.9 - 3.14: patched through the new helper
-        assert status["applied"] and status["sites"] == [f"{_sites.DDP_MODULE}.replicate"], status
-        assert classes["Head"] == {"name": "DDPHead", "is_wrapper": True, "torch_bases": False}
-    else:  # CPython 3.15+: torch's class, left alone
-        assert not status["applied"] and classes["Head"]["torch_bases"], status
-    assert classes["Plain"] == {"name": "DDPPlain", "is_wrapper": True, "torch_bases": True}
-    doctor = report["doctor"]
-    assert doctor["known"] is True and doctor["text"].endswith("_composable_state._wrap_class"), doctor
-    # The sweep: the helper's class swap is unaccounted for without the row, and covered with it.
-    swaps = class_swaps(env.site / "torch")
-    assert ("distributed/_composable_state.py", "_wrap_class") in {swap[:2] for swap in unaccounted(swaps)}
-    made_up = _sites.Site(_sites.DDP_REPLICATE, (2, 13), _sites.DDP_MODULE, "replicate", ("DDP",), "DDP",
-                          "unimplemented_deepcopy", builder=("torch.distributed._composable_state",
-                                                             "_wrap_class", ()))
-    monkeypatch.setattr(_sites, "SITES", (made_up, *_sites.SITES))
+    report["torch"] = env.site / "torch"
+    return report
+
+
+def assert_wrapped(report: dict[str, Any], rows: dict[str, str]) -> None:
+    """Each API of ``rows`` went through its row (the patch's, the probe's and doctor's alike),
+    and built what the package builds: its compatible class for the ABC module where CPython
+    refuses torch's, torch's own for the plain one."""
+    status = report["status"]
+    assert {api: report["wrappers"][api]["row"] for api in rows} == rows, report["wrappers"]
+    for api in rows:
+        wrapper = report["wrappers"][api]
+        assert wrapper["doctor"]["known"] is True and wrapper["doctor"]["site_key"] == rows[api], wrapper
+        head, plain = wrapper["classes"]["Head"], wrapper["classes"]["Plain"]
+        assert plain["is_wrapper"] and plain["torch_bases"], plain
+        assert head["name"] == plain["name"].replace("Plain", "Head") and head["is_wrapper"], head
+        if abc_swap_refused():  # CPython 3.9 - 3.14: patched through the row's builder
+            assert wrapper["probe"] == _patch.TORCH_REFUSED and not head["torch_bases"]
+            assert wrapper["site"] in status["sites"], (wrapper["site"], status["sites"])
+        else:  # CPython 3.15+: torch's class, left alone
+            assert wrapper["probe"] == _patch.TORCH_ACCEPTED and head["torch_bases"]
+    assert status["applied"] is abc_swap_refused() and status["in_matrix"] is abc_swap_refused(), status
+    assert report["doctor"]["outcome"] == "OK", report["doctor"]
+
+
+def assert_swept(report: dict[str, Any], release: made_up_releases.MadeUpRelease,
+                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release's class swaps are unaccounted for without its rows, and covered with them."""
+    swaps = class_swaps(report["torch"])
+    builders = {(site.builder_module.replace(".", "/").removeprefix("torch/") + ".py", site.builder)
+                for each in made_up_releases.releases_up_to(release) for site in each.sites}
+    assert {swap[:2] for swap in unaccounted(swaps)} == builders
+    made_up_releases.add_rows(release, monkeypatch.setattr)
     assert unaccounted(swaps) == []
 
 
-# A made-up release's new API in a module of its own (tests/programs/made_up_api.py holds its rows).
-MADE_UP_MODULE = """
-def _unimplemented_deepcopy(*args, **kwargs):
-    raise AssertionError("does not support deepcopy")
-
-
-class MadeModule:
-    pass
-
-
-cls_to_made_cls = {}
-
-
-def wrap(module):
-    cls = module.__class__
-    new_cls = cls_to_made_cls.get(cls)
-    if new_cls is None:
-        new_cls = type(f"Made{cls.__name__}", (MadeModule, cls), {"__deepcopy__": _unimplemented_deepcopy})
-        cls_to_made_cls[cls] = new_cls
-    module.__class__ = new_cls
-    return module
-"""
-
-
-def test_a_new_api_is_rows_reaching_the_patch_the_probe_doctor_and_the_sweep(
+def test_a_release_that_moves_the_helper_both_fsdp2_wrappers_share_is_a_row_per_wrapper(
     tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A new API, as CONTRIBUTING's recipe adds it (its name in APIS, its Site row, its module
-    watched): the hooks patch it, the probe asks it, doctor reads it and the sweep accounts for it,
-    with no other change to the package."""
-    env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
-    (env.site / "torch" / "distributed" / "_composable" / "test_only_made_up.py").write_text(MADE_UP_MODULE)
-    result = env.run_program(PROGRAMS / "made_up_api.py")
-    assert result.returncode == 0 and result.stderr == "", result.stderr
-    (report,) = json_lines(result.stdout)
-    status, classes = report["status"], report["classes"]
-    assert report["resolved"] and report["probe"] in (_patch.TORCH_REFUSED, _patch.TORCH_ACCEPTED)
-    if report["probe"] == _patch.TORCH_REFUSED:  # CPython 3.9 - 3.14
-        assert "torch.distributed._composable.test_only_made_up.wrap" in status["sites"], status
-        assert classes["Head"] == {"name": "MadeHead", "is_wrapper": True, "torch_bases": False}
-    else:  # CPython 3.15+: torch's class, left alone
-        assert classes["Head"]["torch_bases"], classes
-    assert classes["Plain"] == {"name": "MadePlain", "is_wrapper": True, "torch_bases": True}
-    assert report["doctor"]["known"] is True, report["doctor"]
-    swaps = class_swaps(env.site / "torch")
-    found = {swap[:2] for swap in unaccounted(swaps)}
-    assert ("distributed/_composable/test_only_made_up.py", "wrap") in found
-    monkeypatch.setattr(_sites, "SITES", (*_sites.SITES, _sites.Site(
-        "test-only made-up wrap", (2, 99), "torch.distributed._composable.test_only_made_up", "wrap",
-        ("MadeModule",), "Made", "_unimplemented_deepcopy", "cls_to_made_cls")))
-    assert unaccounted(swaps) == []
+    """Made-up torch 2.16 moves FSDP2's shared helper to a module of its own, parameters renamed and
+    reordered, and keeps the old one: its two rows, one per wrapper, are what the hooks patch, the
+    probe asks (its arguments matched by the row's names), doctor reads and the sweep accounts for;
+    composable DDP, which did not move, keeps its row."""
+    release = made_up_releases.MOVES_THE_SHARED_HELPER
+    report = run_made_up(tmp_path, installed, release)
+    assert_wrapped(report, {site.api: site.key for site in release.sites})
+    assert report["wrappers"][_sites.DDP_REPLICATE]["row"] == "composable DDP replicate since torch 2.4"
+    assert_swept(report, release, monkeypatch)
+
+
+def test_a_release_that_adds_an_api_in_a_new_module_is_its_label_its_row_and_its_module_watched(
+    tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Made-up torch 2.17 adds pipeline_wrap in a module of its own: with its label in APIS, its row
+    and its module in TORCH_MODULES, its first import arms the hooks (they wait for transformers
+    alone), and it is patched, probed, read by doctor and swept like the others."""
+    release = made_up_releases.ADDS_AN_API
+    report = run_made_up(tmp_path, installed, release)
+    assert report["at_new_modules"] == "waiting for transformers to be imported"
+    assert_wrapped(report, {site.api: site.key for site in release.sites})
+    assert_swept(report, release, monkeypatch)
+
+
+def test_a_release_that_fixes_the_bug_at_every_site_is_left_to_torch(
+    tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Made-up torch 2.18 calls torch's fix (upstream/torch.patch's make_wrapper_cls) in every
+    builder: a row with torch's fix for each wrapper whose builder had none (composable DDP's,
+    which has one since 2.13, needs none) and its torch row fixed. The probe finds torch building
+    accepted classes at every site, nothing of torch's is patched, and the rows agree: not in the
+    matrix's bug, nor doctor's."""
+    release = made_up_releases.FIXES_THE_BUG
+    report = run_made_up(tmp_path, installed, release)
+    rows = {**{site.api: site.key for site in release.sites},
+            _sites.DDP_REPLICATE: "composable DDP replicate since torch 2.13 with torch's fix"}
+    wrappers, status = report["wrappers"], report["status"]
+    assert {api: wrappers[api]["row"] for api in rows} == rows, wrappers
+    for api, wrapper in wrappers.items():
+        assert wrapper["doctor"]["known"] and wrapper["doctor"]["fixed"], (api, wrapper["doctor"])
+        assert wrapper["doctor"]["site_key"] == rows[api]
+        head, plain = wrapper["classes"]["Head"], wrapper["classes"]["Plain"]
+        assert head["is_wrapper"] and plain["is_wrapper"] and plain["torch_bases"], wrapper["classes"]
+        # torch's own fix built the ABC module a class CPython accepts (3.9 - 3.14), or its own (3.15+).
+        refused = abc_swap_refused()
+        assert wrapper["probe"] == (_patch.TORCH_FIXED if refused else _patch.TORCH_ACCEPTED), wrapper
+        assert head["torch_bases"] is not refused
+    assert (status["applied"], status["sites"], status["classes"]) == (False, [], []), status
+    assert (status["in_matrix"], status["decided_by"]) == (False, "probe"), status
+    assert report["doctor"]["outcome"] == "OK", report["doctor"]
+    assert report["doctor"]["verdict"].startswith("OK: nothing to fix: torch 2.18.0, transformers 4.55.2, ")
+    assert_swept(report, release, monkeypatch)
+
+
+@pytest.mark.parametrize("version", ["2.13.0", "2.16.0"])
+def test_a_newer_releases_row_is_not_taken_for_a_torch_whose_wrappers_call_the_old_helper(
+    tmp_path: Path, installed: Path, version: str
+) -> None:
+    """The stand-in of torch 2.13 holding made-up 2.16's helper module (the same name in a new
+    place) and 2.17's pipeline_wrap module, with both releases' rows in the tables: fully_shard and
+    replicate still call the old helper, so the patch and doctor take the 2.11 rows. At 2.13.0 by
+    release, and at a 2.16.0 that did not move it, because each wrapper's helper comes from
+    _fsdp_init, not from the 2.16 row's module. pipeline_wrap's row is 2.17's: neither has it."""
+    release = made_up_releases.ADDS_AN_API
+    report = run_made_up(tmp_path, installed, release, version,
+                         files=["2.16.0/torch/distributed/_composable/_swap_class.py",
+                                "2.17.0/torch/distributed/_composable/pipeline_wrap.py"])
+    assert_wrapped(report, {_sites.FULLY_SHARD: "FSDP2 fully_shard since torch 2.11",
+                            _sites.FSDP2_REPLICATE: "FSDP2 replicate since torch 2.11"})
+    pipeline_wrap = report["wrappers"][made_up_releases.PIPELINE_WRAP]
+    assert pipeline_wrap["row"] is None and pipeline_wrap["doctor"] == {
+        "known": None, "site_key": None, "fixed": False,
+        "text": f"torch {version} has no {made_up_releases.PIPELINE_WRAP}"}, pipeline_wrap

@@ -128,23 +128,33 @@ def versions(row: _matrix.Row) -> str:
     return f"{release_text(row.first)}{TO}{last}"
 
 
+def bug(row: _matrix.Row) -> str:
+    """How the table answers "is the bug here?" for a row."""
+    return "no: torch's fix" if row.fixed else "yes" if row.affected else "no"
+
+
 def render() -> str:
     """The table between docs/versions.md's ``<!-- versions:start -->`` and ``-->end`` markers."""
     newer = release_text(first_release_after(_matrix.TORCH_ROWS))
     rows = (*_matrix.TRANSFORMERS_ROWS, *_matrix.TORCH_ROWS)
     lines = ["| package | versions | bug | evidence |", "| --- | --- | --- | --- |"]
-    lines += [f"| {row.package} | {versions(row)} | {'yes' if row.affected else 'no'} | {row.evidence} |"
-              for row in rows]
+    lines += [f"| {row.package} | {versions(row)} | {bug(row)} | {row.evidence} |" for row in rows]
     lines.append(f"| torch | ≥ {newer} | ? | not in the rows: the probe decides at import; where it cannot "
                  "run, not patched (`FSDP_AUTOPATCH=force` patches anyway) |")
-    lines += [f"| Python | {versions(row)} | {'yes' if row.affected else 'no'} | {row.evidence} |"
-              for row in _matrix.PYTHON_ROWS]
+    lines += [f"| Python | {versions(row)} | {bug(row)} | {row.evidence} |" for row in _matrix.PYTHON_ROWS]
     lines += ["", "Where each wrapper builds its classes (`fsdp_autopatch/_sites.py`, one row per way):", "",
               "| wrapper | releases | evidence |", "| --- | --- | --- |"]
     lines += [f"| {site.api} | {site.releases} | {site.evidence} |" for site in SITE_EVIDENCE]
+    lines += ["", "The rows, each named as `doctor --json` names it (`site_key`), newest first per wrapper:",
+              "", "| row | the function users call | the class is built in |", "| --- | --- | --- |"]
+    for site in _sites.SITES:
+        by = f", by `{'.'.join(site.torch_fix)}`" if site.torch_fix else ""
+        lines.append(f"| {site.key} | `{site.name}` | `{site.builder_module}.{site.builder}`{by} |")
     fixes = sorted({".".join(site.torch_fix) for site in _sites.SITES if site.torch_fix})
     fixed_apis = ", ".join(api for api in _sites.APIS if any(site.fixed for site in _sites.sites_of(api)))
-    lines += ["", f"torch's own fix ([upstream/torch.patch](../upstream/README.md), in no release yet): the "
+    fixed = [release_text(row.first) for row in _matrix.TORCH_ROWS if row.fixed]
+    released = f"first released in torch {fixed[0]}" if fixed else "in no release yet"
+    lines += ["", f"torch's own fix ([upstream/torch.patch](../upstream/README.md), {released}): the "
               f"builders of {fixed_apis} call `{', '.join(fixes)}` (this package's "
               "`fsdp_autopatch/_wrapper_cls.py`) in place of `type`; it builds a class CPython accepts. "
               "Where a torch has it, the probe finds no bug at any site and the package stands aside."]
