@@ -236,7 +236,10 @@ def try_install(just_ran: Optional[object] = None) -> None:
             # Whether the bug is here changes nothing in a run by itself: DEBUG, unless nobody can tell.
             decided = (f"{'' if _decision.apply else 'not '}patching{_decided_by(_decision)}: "
                        f"{_status.reason}")
-            _log_unfixed(decided) if _decision.cannot_tell else logger.debug("%s", decided)
+            if _decision.cannot_tell:
+                _log_unfixed(decided)
+            else:
+                logger.debug("%s", decided)
             if _bug_here() and _problems:
                 api, (problem, remedy) = next(iter(_problems.items()))
                 _say_cannot_fix(api, problem, remedy)
@@ -506,7 +509,7 @@ def _write_stderr(line: str) -> None:
         return
     try:
         stream.write(line + "\n")
-    except Exception:  # a closed stream must not keep the hooks from registering
+    except Exception:  # a closed or unencodable stream must not keep the hooks from registering
         pass
 
 
