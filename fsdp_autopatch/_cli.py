@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -58,10 +59,13 @@ class Parser(argparse.ArgumentParser):
 
 
 def positive(kind: type) -> object:
+    """An argparse type: a finite number above 0 (``nan`` and ``inf`` parse as floats, and would
+    leave no deadline at all)."""
     def parse(text: str) -> object:
-        if kind(text) <= 0:
-            raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
-        return kind(text)
+        value = kind(text)
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be a finite number more than 0, not {text}")
+        return value
 
     return parse
 
@@ -71,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Check that PyTorch FSDP2 and composable DDP work on models with abc.ABC ahead of "
                     f"nn.Module (transformers {_matrix.AFFECTED_TRANSFORMERS} heads) in this Python.",
-        epilog=f"in a Dockerfile:\n  RUN {_console.INSTALL_COMMAND} && {PROG} verify\n",
+        epilog=f"in a Dockerfile:\n  {_console.DOCKERFILE_LINE}\n",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {fsdp_autopatch.__version__}")
     quiet = {"action": "store_true", "help": "print only the one-line verdict (and warnings)"}

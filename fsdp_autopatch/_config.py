@@ -1,10 +1,12 @@
-"""Configuration: the ``FSDP_AUTOPATCH`` and ``FSDP_AUTOPATCH_LOG`` switches (and torch's plugin switch).
+"""Configuration: the ``FSDP_AUTOPATCH`` and ``FSDP_AUTOPATCH_LOG`` switches (and torch's plugin
+switch), and how a remedy names this interpreter's pip.
 
 Loaded with the hooks, never at start-up: the start-up module tells the off and force values
 apart itself, and they are defined there. Standard library only; nothing here raises or prints.
 """
 
 import os
+import sys
 
 from fsdp_autopatch import FORCE_VALUES, MODE_VARIABLE, OFF_VALUES
 
@@ -17,7 +19,9 @@ AUTO = "auto"
 OFF = "off"
 FORCE = "force"
 
-AUTO_VALUES = ("", "auto", "1", "on", "true")
+# Each off value has its opposite here (fsdp_autopatch.OFF_VALUES), so that no word of a pair
+# is refused while the other is taken: "yes" as "no", "enable" as "disable".
+AUTO_VALUES = ("", "auto", "1", "on", "true", "yes", "enable")
 # The values, as the one line on a mistyped switch and doctor name them.
 MODE_VALUES_TEXT = ", ".join("|".join(filter(None, values))
                              for values in (AUTO_VALUES, OFF_VALUES, FORCE_VALUES))
@@ -73,3 +77,11 @@ def log_level_from_environment() -> "tuple[str | None, str]":
     if value in LOG_LEVELS:
         return value, ""
     return None, ignoring(LOG_VARIABLE, text, ", ".join(LOG_LEVELS)) if value else ""
+
+
+def pip_command(arguments: str) -> str:
+    """``<this interpreter> -m pip <arguments>``, for a remedy: a bare ``pip`` on ``PATH`` may
+    belong to another Python than the one the user ran."""
+    import shlex
+
+    return f"{shlex.quote(sys.executable) if sys.executable else 'python3'} -m pip {arguments}"

@@ -14,8 +14,12 @@ TRAINING_PACKAGES = ("torch", "transformers")
 # is not on PyPI: a bare "pip install fsdp-autopatch" would find nothing, or someone else's
 # upload, so every install the command suggests names the repository.
 SOURCE_URL = "https://github.com/fsdp-autopatch/fsdp-autopatch"
-INSTALL_COMMAND = f'pip install "fsdp-autopatch @ git+{SOURCE_URL}"'
-REINSTALL_COMMAND = INSTALL_COMMAND.replace("install", "install --force-reinstall", 1)
+REQUIREMENT = f'"fsdp-autopatch @ git+{SOURCE_URL}"'
+# What follows "<python> -m pip" in a remedy that reinstalls (_config.pip_command names the python).
+REINSTALL_ARGUMENTS = f"install --force-reinstall {REQUIREMENT}"
+# An image's Python is its python3, not the one that prints this: the README shows the same line
+# (tests/test_cli_help.py).
+DOCKERFILE_LINE = f"RUN python3 -m pip install {REQUIREMENT} && python3 -m fsdp_autopatch verify"
 
 # Each exit code is a verdict. 1: the bug is here and not fixed (doctor's PROBLEM, verify's FAIL);
 # 2: no verdict (doctor's CANNOT TELL, verify cannot run here, a usage error, argparse's 2 too).

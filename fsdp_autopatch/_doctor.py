@@ -83,9 +83,31 @@ def check_installation() -> tuple[str, str]:
     if distribution is not None:
         return SOURCE_TREE, (f"{package.parent} is a source tree, not the installed fsdp-autopatch "
                              f"{installed} (run from another directory)")
-    python = sys.executable
+    hidden = hidden_site_packages()
+    if hidden is not None:
+        return SOURCE_TREE, (f"{package.parent} is a source tree, and python -S hides {hidden}, where "
+                             f"fsdp-autopatch is installed: set PYTHONPATH={hidden}, as for a python -S "
+                             "training script, and run from another directory")
     return SOURCE_TREE, (f"{package.parent} is a source tree, and fsdp-autopatch is not installed for "
-                         f"{python} (pip install . there; doctor answers from any other directory)")
+                         f"{sys.executable} ({_config.pip_command('install .')} there; doctor answers from "
+                         "any other directory)")
+
+
+def hidden_site_packages() -> Optional[str]:
+    """The site-packages holding fsdp-autopatch that ``python -S`` keeps off ``sys.path``, or None.
+    Under -S, sys.prefix is the base interpreter's even in a virtual environment (site.py is what
+    reads pyvenv.cfg), so the environment is found as site.py finds it: beside the executable."""
+    if not sys.flags.no_site:
+        return None
+    import sysconfig
+
+    candidates = [sysconfig.get_paths()["purelib"]]
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    for root in (here, os.path.dirname(here)):
+        if os.path.isfile(os.path.join(root, "pyvenv.cfg")):
+            candidates.insert(0, sysconfig.get_paths(vars={"base": root, "platbase": root})["purelib"])
+    return next((where for where in candidates
+                 if next(iter(metadata.distributions(name=_console.DISTRIBUTION, path=[where])), None)), None)
 
 
 def installed_file(name: str) -> Optional[Path]:
@@ -149,7 +171,7 @@ def arming_remedy(plugin_detail: str) -> str:
     if plugin_detail.startswith(_config.PLUGIN_SWITCH):
         return f"unset {_config.PLUGIN_SWITCH}, or call fsdp_autopatch.apply() in the training script"
     if plugin_detail.endswith("entry point is not installed"):
-        return f"reinstall: {_console.REINSTALL_COMMAND}"
+        return f"reinstall: {_config.pip_command(_console.REINSTALL_ARGUMENTS)}"
     return "call fsdp_autopatch.apply() in the training script"
 
 
@@ -420,15 +442,16 @@ def judge(report: DoctorReport) -> None:
         fact(False, f"not armed at interpreter start: {report.startup_detail}", cause=unarmed)
         fact(False, f"not armed at import torch: {report.plugin_detail}", remedy, unarmed)
     fact(report.wrapt is not None, f"wrapt {report.wrapt}" if report.wrapt else
-         f"wrapt cannot be imported ({report.wrapt_error})", "pip install wrapt", "wrapt cannot be imported")
+         f"wrapt cannot be imported ({report.wrapt_error})", _config.pip_command("install wrapt"),
+         "wrapt cannot be imported")
     switch = (f"{_config.MODE_VARIABLE} unset" if report.mode_value is None
               else f"{_config.MODE_VARIABLE}={report.mode_value!r}")
     off = f"{_config.MODE_VARIABLE}={report.mode_value} turns the patch off"
-    if report.mode_problem:  # whatever the rest: what was asked for is not what runs
-        unknown_value = f"{_config.MODE_VARIABLE}={report.mode_value!a} is not a switch value"
-        report.facts.append(Fact(FAILED, f"switch: {unknown_value} (running in auto mode)",
-                                 f"use one of {_config.MODE_VALUES_TEXT}", unknown_value))
-        report.problems.append(unknown_value)
+    if report.mode_problem:
+        # What the runtime does with it: one line on stderr (run_doctor prints the same), then
+        # auto mode; so the verdict is auto mode's.
+        fact(True, f"switch: auto ({_config.MODE_VARIABLE}={report.mode_value!a} is not a switch value, "
+                   "so processes run in auto mode)")
     else:
         fact(report.mode != _config.OFF, f"switch: {report.mode} ({switch})" if report.mode != _config.OFF
              else f"switch: {off}", f"unset {_config.MODE_VARIABLE} to let it run", off)
@@ -472,8 +495,6 @@ def verdict(report: DoctorReport, forced: bool, needed: bool) -> tuple[str, str]
     cause = next((fact.cause for fact in report.facts if fact.mark == FAILED), "")
     if report.installation == SOURCE_TREE:  # nothing else describes an installation
         return CANNOT_TELL, f"CANNOT TELL: {report.installation_detail}"
-    if report.mode_problem:
-        return PROBLEM, f"PROBLEM: {cause}; use one of {_config.MODE_VALUES_TEXT}"
     if not needed:
         return OK, f"OK: nothing to fix: {pair_fact(report, forced)}"
     if cause and not report.in_matrix and not forced:
@@ -490,10 +511,11 @@ def verdict(report: DoctorReport, forced: bool, needed: bool) -> tuple[str, str]
 
 def run_doctor(options: argparse.Namespace, console: Console) -> int:
     report = diagnose()
-    # A mistyped FSDP_AUTOPATCH is a fact of its own below; a mistyped log level is said here.
-    log_problem = _config.log_level_from_environment()[1]
-    if log_problem:
-        console.warning(log_problem)
+    # A mistyped switch is said as the runtime says it, the same line; the facts add that
+    # processes run in auto mode.
+    for problem in (report.mode_problem, _config.log_level_from_environment()[1]):
+        if problem:
+            console.warning(problem)
     if options.json:
         print(json.dumps(asdict(report)), flush=True)
         return report.exit_code

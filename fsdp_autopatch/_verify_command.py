@@ -98,11 +98,17 @@ def run_verify(options: argparse.Namespace, console: Console) -> int:
         run.cannot_run = (f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed "
                           f"for {sys.executable}; install torch and transformers into this environment")
     else:
-        console.progress(f"{PROG} verify: {run.nproc} rank{'s' * (run.nproc > 1)} of "
-                         f"{' '.join(rank_command([]))}, gloo on CPU (torch {installed_version('torch')}, "
-                         f"transformers {installed_version('transformers')})")
-        with tempfile.TemporaryDirectory(prefix="fsdp-autopatch-verify-") as scratch:
-            launch_and_follow(run, options.timeout, console, Path(scratch))
+        try:  # the ranks' output goes to files there
+            scratch = tempfile.TemporaryDirectory(prefix="fsdp-autopatch-verify-")
+        except OSError as error:  # a read-only root, as in some containers: no verdict, and why
+            run.cannot_run = f"no temporary directory for the ranks' output ({error}); set TMPDIR to a " \
+                             "writable directory"
+        else:
+            versions = f"torch {installed_version('torch')}, transformers {installed_version('transformers')}"
+            console.progress(f"{PROG} verify: {run.nproc} rank{'s' * (run.nproc > 1)} of "
+                             f"{' '.join(rank_command([]))}, gloo on CPU ({versions})")
+            with scratch:
+                launch_and_follow(run, options.timeout, console, Path(scratch.name))
     code, verdict = verify_verdict(run, options.timeout)
     warning = torch_warning(run)
     if options.json:

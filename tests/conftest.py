@@ -12,6 +12,7 @@ import json
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,7 @@ __all__ = [
     "marked_run",
     "needs_proc",
     "own_lines",
+    "pip_in",
     "processes_marked",
     "repository_file",
     "run_program",
@@ -468,6 +470,12 @@ def verify_at_work(env: dict[str, str], stdout: Any = subprocess.PIPE, **popen: 
         if line.startswith("patch "):
             break
     return process
+
+
+def pip_in(python: str | Path, arguments: str) -> str:
+    """The pip command a remedy names, printed by the interpreter ``python``: that interpreter's
+    pip, never a bare ``pip`` (``_config.pip_command``)."""
+    return f"{shlex.quote(str(python))} -m pip {arguments}"
 
 
 def own_lines(stderr: str) -> list[str]:

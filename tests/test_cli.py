@@ -25,12 +25,14 @@ from typing import Optional
 import pytest
 from conftest import (
     LAYOUT_ERROR,
+    PROGRAMS,
     environment,
     json_lines,
     layout_bug_here,
     make_throwaway,
     marked_run,
     needs_proc,
+    pip_in,
     processes_marked,
     site_packages,
     verify_at_work,
@@ -39,7 +41,7 @@ from harness import AFFECTED, split_importtime
 from verify_output import HEAD_CLASSES
 
 import fsdp_autopatch
-from fsdp_autopatch import _config, _matrix, _sites, _verify
+from fsdp_autopatch import _config, _console, _matrix, _sites, _verify
 from fsdp_autopatch._console import installed_version
 
 SCRIPT = Path(sysconfig.get_path("scripts")) / ("fsdp-autopatch.exe" if os.name == "nt" else "fsdp-autopatch")
@@ -125,7 +127,7 @@ def test_help_and_version_on_both_entry_points(installed: Path, entry: str) -> N
     shown = run_cli("--help", command=command)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("usage: fsdp-autopatch ")
-    for text in ("doctor", "verify", "--quiet", "--version", "fsdp-autopatch verify"):
+    for text in ("doctor", "verify", "--quiet", "--version", _console.DOCKERFILE_LINE):
         assert text in shown.stdout
     for sub in ("doctor", "verify"):
         sub_help = run_cli(sub, "--help", command=command)
@@ -268,21 +270,25 @@ def test_doctors_exit_code_is_its_verdict(installed: Path, real_torch: dict[str,
     assert run_cli("doctor", "--strict", env=disabled).returncode == 1
 
 
-def test_doctor_fails_on_a_value_that_is_not_a_switch_value(installed: Path) -> None:
-    """What the user asked for is not what runs: a FAIL line with the accepted values, never
-    ``ok switch: auto`` under a warning, and the exit code follows."""
-    result = run_cli("doctor", "--json", env=environment(FSDP_AUTOPATCH="sometimes"))
-    assert result.returncode == 1 and result.stderr == ""
-    report = one_object(result.stdout)
+def test_doctor_reads_a_value_that_is_not_a_switch_value_as_the_runtime_does(installed: Path) -> None:
+    """A mistyped switch: processes print one line naming the accepted values and run in auto
+    mode, so doctor prints that same line and judges auto mode (0.2.0 exited 1, PROBLEM, while
+    training ran patched)."""
+    mistyped = environment(FSDP_AUTOPATCH="sometimes")
+    line = _config.parse_mode("sometimes").problem
+    runtime = subprocess.run([sys.executable, "-c", "import fsdp_autopatch; fsdp_autopatch.apply()"],
+                             capture_output=True, text=True, env=mistyped, timeout=120, check=False)
+    assert (runtime.returncode, runtime.stderr.splitlines()) == (0, [line])
+    result = run_cli("doctor", "--json", env=mistyped)
+    unset = run_cli("doctor", "--json")
+    assert result.stderr.splitlines() == [line]
+    report, auto = one_object(result.stdout), one_object(unset.stdout)
     assert (report["mode"], report["mode_value"]) == ("auto", "sometimes")
-    assert report["problems"] == ["FSDP_AUTOPATCH='sometimes' is not a switch value"]
-    shown = run_cli("doctor", env=environment(FSDP_AUTOPATCH="sometimes"))
-    lines = shown.stdout.splitlines()
-    assert shown.returncode == 1 and not any(line.strip().startswith("ok  switch") for line in lines)
-    assert " FAIL  switch: FSDP_AUTOPATCH='sometimes' is not a switch value (running in auto mode)" in lines
-    assert f"        use one of {_config.MODE_VALUES_TEXT}" in lines
-    assert lines[-1] == ("PROBLEM: FSDP_AUTOPATCH='sometimes' is not a switch value; use one of "
-                         f"{_config.MODE_VALUES_TEXT}")
+    assert (result.returncode, report["verdict"], report["problems"]) == (
+        unset.returncode, auto["verdict"], auto["problems"])
+    shown = run_cli("doctor", env=mistyped)
+    assert ("   ok  switch: auto (FSDP_AUTOPATCH='sometimes' is not a switch value, so processes run in "
+            "auto mode)") in shown.stdout.splitlines()
 
 
 @pytest.mark.slow
@@ -348,7 +354,8 @@ def test_doctor_exits_1_when_wrapt_is_missing(without_distributed: str) -> None:
         missing = "wrapt cannot be imported (ModuleNotFoundError: No module named 'wrapt')"
         assert last_line(result.stdout) == ("PROBLEM: the layout bug will not be fixed here: wrapt cannot be "
                                             "imported")
-        assert f" FAIL  {missing}" in result.stdout and "        pip install wrapt" in result.stdout
+        assert f" FAIL  {missing}" in result.stdout
+        assert f"        {pip_in(without_distributed, 'install wrapt')}" in result.stdout.splitlines()
         assert report["problems"] == [missing]
         return
     # This CPython accepts the swap: nothing would stay broken, and the missing wrapt is shown as
@@ -373,6 +380,44 @@ def test_doctor_says_when_torch_has_no_fsdp2_site_it_knows(without_distributed: 
 
 
 # --------------------------------------------------------------------------------------------- verify
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400", "0", "-5"])
+def test_verify_refuses_a_timeout_that_is_not_a_finite_number_of_seconds(installed: Path, value: str) -> None:
+    """``nan`` and ``inf`` parse as floats, and would leave verify without a deadline."""
+    result = run_cli("verify", f"--timeout={value}")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert last_line(result.stderr) == (f"fsdp-autopatch verify: error: argument --timeout: must be a finite "
+                                        f"number more than 0, not {value}")
+
+
+@pytest.mark.slow
+def test_verify_without_a_usable_temporary_directory_exits_2_saying_what_to_set(
+    real_torch: dict[str, str]
+) -> None:
+    """Every directory tempfile would try is unusable (tests/programs/no_temp_dir.py): no
+    traceback and no exit 1, which says the bug is there, but one line and 2."""
+    result = run_cli(command=[sys.executable, str(PROGRAMS / "no_temp_dir.py")], timeout=120)
+    assert (result.returncode, "Traceback" in result.stderr) == (2, False), result.stderr
+    tried = "['/nonexistent/tmp', '/nonexistent/var/tmp']"
+    assert result.stdout == (f"cannot verify: no temporary directory for the ranks' output ([Errno 2] No "
+                             f"usable temporary directory found in {tried}); set TMPDIR to a writable "
+                             "directory\n")
+
+
+@pytest.mark.slow
+@pytest.mark.ci_tier
+def test_verify_under_python_s_with_site_packages_on_pythonpath_judges_a_python_s_script(
+    installed: Path, real_torch: dict[str, str]
+) -> None:
+    """What the README says of ``python -S``: with site-packages on PYTHONPATH, as a ``python -S``
+    training script needs it, verify's ranks run with -S too and are armed by torch's plugin."""
+    result = run_cli("verify", "--model", "token-classification",
+                     command=[sys.executable, "-S", "-m", "fsdp_autopatch"],
+                     env=environment(PYTHONPATH=str(installed)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    if layout_bug_here():
+        assert last_line(result.stdout).endswith(f"by the patch, armed by {fsdp_autopatch.PLUGIN_ROUTE}")
 
 
 def test_verify_exits_2_when_torch_is_not_installed(without_torch: str) -> None:

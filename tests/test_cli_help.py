@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, make_throwaway
+from conftest import ROOT, make_throwaway, pip_in
 from test_cli import add_distribution, one_object, run_cli
 
 from fsdp_autopatch import _cli, _console
@@ -34,8 +34,8 @@ def project_url(name: str) -> str:
 
 def test_the_install_command_names_the_projects_source_url() -> None:
     assert _console.SOURCE_URL == project_url("Source")
-    assert _console.INSTALL_COMMAND == f'pip install "fsdp-autopatch @ git+{project_url("Source")}"'
-    assert not BARE_INSTALL.search(_console.INSTALL_COMMAND + " " + _console.REINSTALL_COMMAND)
+    assert _console.REQUIREMENT == f'"fsdp-autopatch @ git+{project_url("Source")}"'
+    assert not BARE_INSTALL.search(f"{_console.DOCKERFILE_LINE} pip {_console.REINSTALL_ARGUMENTS}")
 
 
 @pytest.mark.parametrize("text, bare", [
@@ -53,7 +53,15 @@ def test_no_help_names_an_install_that_does_not_work_today(installed: Path) -> N
     for command in ((), ("doctor",), ("verify",)):
         text = help_of(*command)
         assert not BARE_INSTALL.search(text), (command, text)
-    assert f"RUN {_console.INSTALL_COMMAND} && fsdp-autopatch verify" in help_of()
+    assert _console.DOCKERFILE_LINE in help_of().splitlines()[-1]
+
+
+def test_the_dockerfile_line_is_the_same_in_the_readme_and_the_help(installed: Path) -> None:
+    """One line to copy, wherever it is read: the README's dockerfile block is the help's line."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"^```dockerfile\n(.*?)^```", readme, re.S | re.M)
+    assert block.strip() == _console.DOCKERFILE_LINE
+    assert help_of().splitlines()[-1].strip() == _console.DOCKERFILE_LINE
 
 
 def test_doctors_remedy_for_a_half_install_reinstalls_from_the_repository(
@@ -73,7 +81,8 @@ def test_doctors_remedy_for_a_half_install_reinstalls_from_the_repository(
     report = one_object(run_cli("doctor", "--json", command=command).stdout)
     assert (report["startup_read"], report["plugin_arms"]) == (False, False)
     if report["in_matrix"]:
-        assert f"        reinstall: {_console.REINSTALL_COMMAND}" in shown.stdout.splitlines(), shown.stdout
+        reinstall = pip_in(throwaway.python, _console.REINSTALL_ARGUMENTS)
+        assert f"        reinstall: {reinstall}" in shown.stdout.splitlines(), shown.stdout
     assert not BARE_INSTALL.search(shown.stdout)
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from fsdp_autopatch import _config
 
+AUTO_SPELLINGS = [None, "", "auto", "1", "on", "true", "yes", "enable", " AUTO ", "True", "\tOn\n", "YES"]
 
-@pytest.mark.parametrize("raw", [None, "", "auto", "1", "on", "true", " AUTO ", "True", "\tOn\n"])
+
+@pytest.mark.parametrize("raw", AUTO_SPELLINGS)
 def test_auto_values(raw: str | None) -> None:
     mode = _config.parse_mode(raw)
     assert (mode.name, mode.problem) == (_config.AUTO, "")
@@ -52,3 +56,24 @@ def test_log_level(monkeypatch: pytest.MonkeyPatch, raw: str, level: str | None)
                            "warning")
     else:
         assert problem == ""
+
+
+# Each off value and its opposite, which turns the patch back on: neither word of a pair is refused.
+OPPOSITES = {"0": "1", "off": "on", "false": "true", "no": "yes", "disable": "enable"}
+
+
+def test_every_off_value_has_its_opposite_among_the_auto_values() -> None:
+    assert tuple(OPPOSITES) == _config.OFF_VALUES
+    for off, on in OPPOSITES.items():
+        assert _config.parse_mode(off).name == _config.OFF
+        assert (_config.parse_mode(on).name, _config.parse_mode(on).problem) == (_config.AUTO, "")
+
+
+@pytest.mark.parametrize("executable", ["/usr/bin/python3", "/tmp/déjà vu/.venv/bin/python", ""])
+def test_a_remedy_names_the_interpreter_that_runs(monkeypatch: pytest.MonkeyPatch, executable: str) -> None:
+    """A bare ``pip`` on PATH may belong to another Python; a path with a space is quoted, and an
+    interpreter that does not know its own path (embedded) is named as ``python3``."""
+    monkeypatch.setattr(sys, "executable", executable)
+    expected = {"/usr/bin/python3": "/usr/bin/python3", "": "python3",
+                "/tmp/déjà vu/.venv/bin/python": "'/tmp/déjà vu/.venv/bin/python'"}[executable]
+    assert _config.pip_command("install wrapt") == f"{expected} -m pip install wrapt"

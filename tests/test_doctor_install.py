@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, environment, make_throwaway
+from conftest import ROOT, environment, make_throwaway, pip_in
 from test_cli import one_object
 
 from fsdp_autopatch import _doctor
@@ -47,8 +47,8 @@ def test_doctor_on_a_source_tree_without_an_installation_cannot_tell_and_says_to
     python = make_throwaway(tmp_path / "venv", installed, package=False, pth=False).python
     shown = doctor_in(python, checkout)
     assert shown.returncode == 2, shown.stderr  # the exit code is the verdict
-    detail = (f"{checkout} is a source tree, and fsdp-autopatch is not installed for {python} (pip install . "
-              "there; doctor answers from any other directory)")
+    detail = (f"{checkout} is a source tree, and fsdp-autopatch is not installed for {python} "
+              f"({pip_in(python, 'install .')} there; doctor answers from any other directory)")
     assert shown.stdout.splitlines()[-1] == f"CANNOT TELL: {detail}"
     assert f"   ??  {detail}" in shown.stdout.splitlines()
     report = one_object(doctor_in(python, checkout, "--json").stdout)
@@ -81,6 +81,23 @@ def test_doctor_from_a_checkout_beside_an_installation_says_which_it_is_reading(
     # From anywhere else, the same Python reads its installation.
     elsewhere = one_object(doctor_in(throwaway.python, tmp_path, "--json").stdout)
     assert elsewhere["installation"] == "installed"
+
+
+@pytest.mark.parametrize("command", ["doctor", "verify"])
+def test_python_s_in_a_checkout_names_the_site_packages_it_hides(
+    installed: Path, checkout: Path, command: str
+) -> None:
+    """``python -S -m fsdp_autopatch`` in a checkout imports the checkout's sources, and -S hides
+    the site-packages that hold the installation: what to set, and exit 2 (0.2.0 said the
+    package was not installed)."""
+    result = subprocess.run([sys.executable, "-S", "-m", "fsdp_autopatch", command], capture_output=True,
+                            text=True, cwd=checkout, env=environment(), timeout=120, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    detail = (f"{checkout} is a source tree, and python -S hides {installed}, where fsdp-autopatch is "
+              f"installed: set PYTHONPATH={installed}, as for a python -S training script, and run from "
+              "another directory")
+    verdict = {"doctor": "CANNOT TELL", "verify": "cannot verify"}[command]
+    assert result.stdout.splitlines()[-1] == f"{verdict}: {detail}"
 
 
 def test_an_editable_install_is_an_installation(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from conftest import (
     layout_bug_here,
     make_throwaway,
     own_lines,
+    pip_in,
     run_program,
     run_python,
     write_module,
@@ -109,7 +110,7 @@ def test_wrapt_unusable_without_torch(tmp_path: Path, installed: Path, fault: st
              "wrapt cannot be imported (RuntimeError: wrapt is broken)")
     assert not status["applied"] and status["reason"].startswith(cause)
     # Where the stand-in pair has the bug, the user reads the cause and the remedy, once.
-    remedy = "pip install wrapt" if missing else "pip install --force-reinstall wrapt"
+    remedy = pip_in(env.python, "install wrapt" if missing else "install --force-reinstall wrapt")
     assert own_lines(result.stderr) == cannot_fix(f"{cause} ({remedy})")
     # Asked for, the log says it too.
     logged = env.run("import torch.distributed.fsdp", FSDP_AUTOPATCH_LOG="info")
@@ -178,7 +179,8 @@ def test_log_variable_garbage(tmp_path: Path, installed: Path, value: str) -> No
     assert result.returncode == 0
     accepted = ", ".join(_config.LOG_LEVELS)
     ignoring = [_config.ignoring(_config.LOG_VARIABLE, value, accepted)] if value.strip() else []
-    assert own_lines(result.stderr) == [*ignoring, *cannot_fix("wrapt is not installed (pip install wrapt)")]
+    remedy = pip_in(env.python, "install wrapt")
+    assert own_lines(result.stderr) == [*ignoring, *cannot_fix(f"wrapt is not installed ({remedy})")]
     # ASCII, and cut short: a value of 100,000 characters is shown by its first 40.
     assert all(line.isascii() and len(line) < 400 for line in own_lines(result.stderr))
     assert "WARNING" not in result.stderr
@@ -531,9 +533,9 @@ def test_wrapt_unusable_real_imports(
     write_module(tmp_path, "wrapt", f"raise {exception}\n")
     report, result = shard(pythonpath=tmp_path)
     assert_unpatched_like(report, unpatched)
-    cause, remedy = (("wrapt is not installed", "pip install wrapt") if fault == "missing" else
-                     ("wrapt cannot be imported (RuntimeError: wrapt is broken)",
-                      "pip install --force-reinstall wrapt"))
+    cause, remedy = (("wrapt is not installed", pip_in(sys.executable, "install wrapt")) if fault == "missing"
+                     else ("wrapt cannot be imported (RuntimeError: wrapt is broken)",
+                           pip_in(sys.executable, "install --force-reinstall wrapt")))
     # The cause first, then what the probe found: torch asked, not the version rows.
     assert report["status"]["reason"].startswith(f"{cause}; {remedy}; ")
     assert ("(probed)" in report["status"]["reason"]) is layout_bug_here()

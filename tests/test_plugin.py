@@ -30,6 +30,7 @@ from conftest import (
     lent_site_packages,
     make_throwaway,
     own_lines,
+    pip_in,
     run_program,
 )
 
@@ -183,8 +184,9 @@ def test_import_torch_survives_every_fault_of_the_plugin_route(
         result = env.run("import torch, torch.distributed.fsdp, transformers; print('ok')")
         assert_import_torch_works(result, max_lines=1)
         bug = _matrix.decide(_config.AUTO, "2.13.0", "4.55.2").apply  # the stand-in pair, on this Python
+        remedy = pip_in(env.python, "install wrapt")
         assert own_lines(result.stderr) == ["fsdp-autopatch: cannot fix the layout bug for ABC modules here: "
-                                            "wrapt is not installed (pip install wrapt)"][:bug]
+                                            f"wrapt is not installed ({remedy})"][:bug]
 
 
 def test_a_plugin_module_left_without_its_package_keeps_import_torch_working(

@@ -25,6 +25,7 @@ from conftest import (
     json_lines,
     layout_bug_here,
     own_lines,
+    pip_in,
 )
 from harness import RANKS, torchrun
 
@@ -112,20 +113,24 @@ def test_the_switch_in_the_launchers_environment_reaches_every_rank(
 def test_one_line_per_node_where_the_fix_cannot_run(
     tmp_path: Path, real_torch: dict[str, str], launcher: str
 ) -> None:
-    """wrapt missing in every rank, and each rank's script calling ``logging.basicConfig()`` as
-    training scripts do: the job says why the fix cannot run once, where the bug is, whether
-    its launcher sets ``LOCAL_RANK`` (torchrun) or not (spawn, fork, a plain subprocess); the
-    log's record of it stays below the script's level."""
+    """wrapt missing in every rank, and each rank's script calling
+    ``logging.basicConfig(level=logging.INFO)`` as training scripts do: the job says why the fix
+    cannot run once in all, where the bug is, whether its launcher sets ``LOCAL_RANK`` (torchrun)
+    or not (spawn, fork, a plain subprocess); the log's record of it stays below INFO, and no
+    file of the package is left in the temporary directory."""
     missing = tmp_path / "without wrapt"
     missing.mkdir()
     (missing / "wrapt.py").write_text('raise ModuleNotFoundError("No module named wrapt", name="wrapt")\n')
-    ranks, stderr = launch(tmp_path, launcher, PYTHONPATH=str(missing),
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    ranks, stderr = launch(tmp_path, launcher, PYTHONPATH=str(missing), TMPDIR=str(scratch),
                            TRAINING_SCRIPT_LOGGING="basicConfig")
     line = ("fsdp-autopatch: cannot fix the layout bug for ABC modules here: wrapt is not installed "
-            "(pip install wrapt)")
+            f"({pip_in(sys.executable, 'install wrapt')})")
     assert own_lines(stderr) == [line][:layout_bug_here()], stderr[-3000:]
     # basicConfig's format is LEVEL:logger:message: none of the package's records reach it.
     assert ":fsdp_autopatch:" not in stderr, stderr[-3000:]
+    assert list(scratch.glob("*fsdp-autopatch*")) == []
     for models in ranks.values():
         for result in models.values():
             assert not result["status"]["applied"] and result["status"]["reason"].startswith("wrapt is not")

@@ -5,7 +5,7 @@ JSON line per head with the rank's status.
     python tests/programs/rank_step.py        # under torchrun, or with RANK, WORLD_SIZE, MASTER_* set
 
 ``LAUNCHER`` in the environment names what started it; tests/programs/launch.py calls ``start`` instead.
-``TRAINING_SCRIPT_LOGGING=basicConfig``: configure logging first, as many training scripts do.
+``TRAINING_SCRIPT_LOGGING=basicConfig``: configure logging at INFO first, as many training scripts do.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def run(launcher: str) -> None:
     if os.environ.get("TRAINING_SCRIPT_LOGGING") == "basicConfig":  # as training scripts start
         import logging
 
-        logging.basicConfig()
+        logging.basicConfig(level=logging.INFO)
     import torch.distributed as dist
     import torch.distributed.fsdp  # noqa: F401
     import transformers  # noqa: F401

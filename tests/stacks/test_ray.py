@@ -10,15 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import LAYOUT_ERROR, environment, json_lines
+from conftest import LAYOUT_ERROR, environment, json_lines, pip_in
 
 from stacks.conftest import Claim
 from stacks.launch import OFFLINE, TIMEOUT, bug_expected
 
 pytestmark = [pytest.mark.stacks, pytest.mark.slow]
 JOB = Path(__file__).with_name("ray_job.py")
-LINE = ("fsdp-autopatch: cannot fix the layout bug for ABC modules here: wrapt is not installed "
-        "(pip install wrapt)")
 
 
 def interpreter(tmp_path: Path) -> str:
@@ -63,7 +61,10 @@ def test_ray_actors_shard_and_train_an_affected_head(tmp_path: Path, installed: 
     (missing / "wrapt.py").write_text('raise ModuleNotFoundError("No module named wrapt", name="wrapt")\n')
     unfixed, said = ray_job(tmp_path, "--pythonpath", str(missing))
     assert all(not rank["applied"] for rank in unfixed)
-    assert sum(LINE in line for line in said.splitlines()) == int(bug), said[-3000:]
+    # The remedy names the actors' interpreter: the one the driver runs, which Ray starts them with.
+    line = ("fsdp-autopatch: cannot fix the layout bug for ABC modules here: wrapt is not installed "
+            f"({pip_in(interpreter(tmp_path), 'install wrapt')})")
+    assert sum(line in printed for printed in said.splitlines()) == int(bug), said[-3000:]
     claim("two actors (gloo) shard and train a 4.55.2 reward model like an unsharded copy; without "
           "wrapt, one line at the driver",
           "runtime_env FSDP_AUTOPATCH=0: the layout error" if bug else "wraps (no bug here)")
