@@ -1,5 +1,5 @@
 """Rounds of N siblings forked at once, each importing FSDP2 and transformers the same instant,
-for tests/test_hooks_speaker.py: one JSON line per round, the lines the siblings printed.
+for tests/test_speaker.py: one JSON line per round, the lines the siblings printed.
 
     python tests/programs/sibling_rounds.py ROUNDS N
 

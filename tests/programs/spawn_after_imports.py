@@ -1,6 +1,6 @@
 """A main module that imports FSDP2 and transformers at the top, then starts N processes with
 multiprocessing's spawn, as torch.multiprocessing.spawn does (each child imports this module
-again, as ``__mp_main__``), for tests/test_hooks_speaker.py:
+again, as ``__mp_main__``), for tests/test_speaker.py:
 
     python tests/programs/spawn_after_imports.py N
 """

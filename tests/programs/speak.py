@@ -1,5 +1,5 @@
 """A process that would say the one line: it imports FSDP2 and transformers (with wrapt missing,
-the fix cannot run), for tests/test_hooks_speaker.py. Then it waits and exits as asked.
+the fix cannot run), for tests/test_speaker.py. Then it waits and exits as asked.
 
     python tests/programs/speak.py [--basic-config] [--meet DIR N] [--hold FILE] [--os-exit]
 

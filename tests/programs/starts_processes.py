@@ -1,5 +1,5 @@
 """A Python process that starts N processes of tests/programs/speak.py and waits for them, as
-launchers and notebook servers do, for tests/test_hooks_speaker.py:
+launchers and notebook servers do, for tests/test_speaker.py:
 
     python tests/programs/starts_processes.py ranks|sessions|numbered N [--speak-first] [-- ARGS]
 

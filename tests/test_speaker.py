@@ -1,5 +1,5 @@
 """The one line where the fix cannot run: said once per launch and machine, by one process,
-with no file written anywhere (the rule: fsdp_autopatch/_hooks.py, "Who speaks").
+with no file written anywhere (the rule: fsdp_autopatch/_speaker.py).
 
 Each process here imports the stand-in torch's FSDP2 and transformers (tests/stand_in/) in a
 throwaway environment without wrapt, so that each would say the line; the programs are
@@ -32,7 +32,7 @@ from conftest import (
 )
 from test_faults import cannot_fix
 
-from fsdp_autopatch import _hooks
+from fsdp_autopatch import _hooks, _speaker
 
 SPEAK = PROGRAMS / "speak.py"
 STARTS = PROGRAMS / "starts_processes.py"
@@ -168,9 +168,9 @@ def test_another_users_socket_on_the_launchs_name_does_not_silence_it(
     """The launch's name is public (pids and start times are): another user can bind it first.
     Its holder's uid is not ours, so the process speaks; where a process of ours holds it, the
     launch has spoken."""
-    me = _hooks._process(os.getpid())
+    me = _speaker._process(os.getpid())
     assert me is not None
-    launch = _hooks._name(me)  # the processes this one starts are ranks of its launch
+    launch = _speaker._name(me)  # the processes this one starts are ranks of its launch
     hold_name(launch, NOBODY)
     assert run(speaking, SPEAK, scratch=scratch) == said(speaking)
 
@@ -178,9 +178,9 @@ def test_another_users_socket_on_the_launchs_name_does_not_silence_it(
 def test_a_launch_whose_name_a_process_of_ours_holds_is_silent(
     speaking: Throwaway, scratch: Path, hold_name: Holder
 ) -> None:
-    me = _hooks._process(os.getpid())
+    me = _speaker._process(os.getpid())
     assert me is not None
-    hold_name(_hooks._name(me), None)
+    hold_name(_speaker._name(me), None)
     assert run(speaking, SPEAK, scratch=scratch) == []
 
 
