@@ -52,7 +52,7 @@ ASKERS = 4096
 # A bound on the walk up the process tree (a tree deeper than this is not a launch's).
 ANCESTOR_LIMIT = 128
 # Whether this process speaks for its launch; None until it first has something to say.
-_speaker: Optional[bool] = None
+_speaks_here: Optional[bool] = None
 # The socket that holds this launch's name, in the process that speaks for it.
 _voice: Optional[Any] = None
 
@@ -71,15 +71,15 @@ def write_line(line: str) -> None:
 
 def speaks() -> bool:
     """Does this process speak for its launch on this machine? (The rule: the module's doc.)"""
-    global _speaker
+    global _speaks_here
     if os.environ.get(LOCAL_RANK_VARIABLE, "").strip() not in ("", "0"):
         return False
-    if _speaker is None:
+    if _speaks_here is None:
         try:
-            _speaker = _claim_speaker()
+            _speaks_here = _claim_speaker()
         except Exception:  # no /proc, no AF_UNIX, a kernel that refuses: better twice than never
-            _speaker = True
-    return _speaker
+            _speaks_here = True
+    return _speaks_here
 
 
 def _claim_speaker() -> bool:
@@ -202,6 +202,6 @@ def _release_voice() -> None:
 def after_fork_in_child() -> None:
     """A forked rank asks anew whether it speaks for its launch, and does not hold the name its
     parent holds: the name lives as long as the speaker does."""
-    global _speaker
-    _speaker = None
+    global _speaks_here
+    _speaks_here = None
     _release_voice()
