@@ -10,7 +10,7 @@ ran, ``arm()`` returns at once: arming happens once.
 torch turns anything that loading or calling an entry point raises into a failed ``import
 torch``, for everyone in the environment. So this module sits at the root of site-packages, apart
 from the package (like setuptools' ``_distutils_hack``): loading it imports only ``os`` and ``sys``, even
-where the package is broken or half removed. ``arm`` catches everything, prints nothing, keeps
+where the package is broken or half removed. ``autoload`` catches everything, prints nothing, keeps
 what it caught in ``error`` (``status()`` names it), and imports only the start-up module, which
 arms with the standard library: wrapt and the hooks load later, when FSDP2, composable DDP or
 transformers is imported, as under the ``.pth``.
@@ -29,8 +29,8 @@ OFF_VALUES = ("0", "off", "false", "no", "disable")
 error = None
 
 
-def arm() -> None:
-    """The entry point torch calls."""
+def autoload() -> None:
+    """The entry point torch calls (torch's own word for it: device backend autoload)."""
     global error
     try:
         if os.environ.get(MODE_VARIABLE, "").strip().lower() in OFF_VALUES:

@@ -13,7 +13,7 @@ once FSDP2 or composable DDP (or, in auto mode, transformers) is actually being 
 is also when ``FSDP_AUTOPATCH`` is read for good. A process that imports torch and never those
 pays nothing more than the insert.
 
-Where no start-up file is read, torch 2.5+ calls ``_fsdp_autopatch_plugin.arm`` (the
+Where no start-up file is read, torch 2.5+ calls ``_fsdp_autopatch_plugin.autoload`` (the
 ``torch.backends`` entry point) at the end of ``import torch``, which arms the same way.
 """
 
@@ -158,14 +158,9 @@ def lend_loader(spec: object, watcher: FirstImportWatcher) -> bool:
 _hand_over_loaders: "tuple[type, type] | None" = None
 
 
-def hand_over_loaders() -> "tuple[type, type]":
-    """The two loader classes a watched import is lent, for loaders with and without
-    ``exec_module``. They are built on the first watched import, not at start-up: building a class
-    costs tens of microseconds, and start-up runs in every interpreter (docs/cost.md). The import
-    system calls find_spec under its global lock, so they are built once."""
-    global _hand_over_loaders
-    if _hand_over_loaders is not None:
-        return _hand_over_loaders
+def lent_loader_base() -> type:
+    """The base of the hand-over loaders (``hand_over_loaders``): it stands in for a module's own
+    loader, and gives the module that loader back."""
 
     class LentLoader:
         """Stands in for a module's own loader during the one import that hands over."""
@@ -197,6 +192,19 @@ def hand_over_loaders() -> "tuple[type, type]":
             import copy
 
             return copy.copy, (self.loader,)
+
+    return LentLoader
+
+
+def hand_over_loaders() -> "tuple[type, type]":
+    """The two loader classes a watched import is lent, for loaders with and without
+    ``exec_module``. They are built on the first watched import, not at start-up: building a class
+    costs tens of microseconds, and start-up runs in every interpreter (docs/cost.md). The import
+    system calls find_spec under its global lock, so they are built once."""
+    global _hand_over_loaders
+    if _hand_over_loaders is not None:
+        return _hand_over_loaders
+    LentLoader = lent_loader_base()
 
     class HandOverLoader(LentLoader):
         """For a loader with ``exec_module``: hands over in ``create_module``."""

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Check that PyTorch FSDP2 and composable DDP work on models with abc.ABC ahead of "
-                    f"nn.Module (transformers {_matrix.AFFECTED_TRANSFORMERS} heads) in this Python.",
+                    f"nn.Module (transformers {_matrix.ABC_HEADS_TRANSFORMERS} heads) in this Python.",
         epilog=f"in a Dockerfile:\n  {_console.DOCKERFILE_LINE}\n",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {fsdp_autopatch.__version__}")

@@ -278,7 +278,7 @@ def find_site(api: str, torch_version: Optional[str]) -> dict[str, Any]:
     top = _sites.top_package(api)
     if version is None:
         return answer(None, f"{distribution} is not installed")
-    if row is not None and not row.affected:
+    if row is not None and not row.has_fsdp2:
         return answer(None, f"torch {version} has no FSDP2")
     if not sites:  # FSDP2's replicate came in torch 2.9, for one
         return answer(None, f"{distribution} {version} has no {api}")
@@ -390,77 +390,97 @@ def diagnose() -> DoctorReport:
     return report
 
 
+class Marks:
+    """Marks one report's facts: one that keeps the fix out fails where the fix is needed, and
+    is merely shown where it is not."""
+
+    def __init__(self, report: DoctorReport, needed: bool) -> None:
+        self.report = report
+        self.needed = needed
+
+    def fact(self, good: bool, text: str, remedy: str = "", cause: str = "") -> None:
+        mark = GOOD if good else FAILED if self.needed else IRRELEVANT
+        self.report.facts.append(Fact(mark, text, remedy, cause or text))
+        if mark == FAILED:
+            self.report.problems.append(text)
+
+    def unknown(self, text: str, matters: bool = True) -> None:
+        self.report.facts.append(Fact(UNKNOWN if matters else IRRELEVANT, text))
+        if matters:
+            self.report.unknowns.append(text)
+
+    def shown(self, text: str) -> None:
+        self.report.facts.append(Fact(IRRELEVANT, text))
+
+
 def judge(report: DoctorReport) -> None:
     """The facts, each marked, and the verdict they add up to."""
     torch, row = report.torch, _matrix.torch_row_for(report.torch)
-    forced = report.mode == _config.FORCE and torch is not None and (row is None or row.affected)
+    forced = report.mode == _config.FORCE and torch is not None and (row is None or row.has_fsdp2)
     newer = (report.in_matrix is None and torch is not None and row is None
              and report.transformers is not None and not forced)
     needed = (bool(report.in_matrix) or forced or newer) and not torch_fixes_it(report)
-
-    def fact(good: bool, text: str, remedy: str = "", cause: str = "") -> None:
-        """A fact that keeps the fix out where the fix is needed, when it is not ``good``."""
-        mark = GOOD if good else FAILED if needed else IRRELEVANT
-        report.facts.append(Fact(mark, text, remedy, cause or text))
-        if mark == FAILED:
-            report.problems.append(text)
-
-    def unknown(text: str, matters: bool = True) -> None:
-        report.facts.append(Fact(UNKNOWN if matters else IRRELEVANT, text))
-        if matters:
-            report.unknowns.append(text)
-
+    marks = Marks(report, needed)
     if report.installation == SOURCE_TREE:  # whatever the versions: nothing here is an installation
-        unknown(report.installation_detail)
+        marks.unknown(report.installation_detail)
     else:
-        fact(True, f"fsdp-autopatch {report.installation_detail}")
+        marks.fact(True, f"fsdp-autopatch {report.installation_detail}")
     if newer:
-        unknown(f"torch {torch} is newer than the version matrix: a probe decides at import")
+        marks.unknown(f"torch {torch} is newer than the version matrix: a probe decides at import")
     else:
-        fact(True, pair_fact(report, forced))
+        marks.fact(True, pair_fact(report, forced))
     for answer in report.sites:
         if answer["known"]:
-            fact(True, answer["text"])
+            marks.fact(True, answer["text"])
         elif answer["known"] is False or answer["doubt"]:
-            unknown(answer["text"], needed)
-    # Under the off switch a route is there and arms nothing: said so, beside the switch's line.
+            marks.unknown(answer["text"], needed)
+    arming_facts(report, marks)
+    marks.fact(report.wrapt is not None, f"wrapt {report.wrapt}" if report.wrapt else
+               f"wrapt cannot be imported ({report.wrapt_error})", _config.pip_command("install wrapt"),
+               "wrapt cannot be imported")
+    switch_fact(report, marks)
+    if report.startup_error:
+        marks.fact(False, f"arming failed in this interpreter: {report.startup_error}",
+                   f"report it with the output of: {PROG} doctor --json", "arming failed")
+    report.would_apply = False if report.problems else None if report.unknowns or newer else needed
+    report.outcome, report.verdict = verdict(report, forced, needed)
+    report.exit_code = EXIT_CODE[report.outcome]
+
+
+def arming_facts(report: DoctorReport, marks: Marks) -> None:
+    """What arms an interpreter of this Python: the start-up file, else torch's plugin entry
+    point. Under the off switch a route is there and arms nothing: said so, beside the switch's."""
     switched_off = f", switched off by {_config.MODE_VARIABLE}={report.mode_value}"
     if report.startup_read:
         also = " (torch's plugin entry point also present)" if report.plugin_arms else ""
         name = Path(str(report.startup_file)).name
         if report.mode == _config.OFF:
-            report.facts.append(Fact(IRRELEVANT, f"{name} read at interpreter start{switched_off}"))
+            marks.shown(f"{name} read at interpreter start{switched_off}")
         else:
-            fact(True, f"armed at interpreter start by {name}{also}")
+            marks.fact(True, f"armed at interpreter start by {name}{also}")
     elif report.plugin_arms:
         if report.mode == _config.OFF:
-            report.facts.append(Fact(IRRELEVANT, f"torch's plugin entry point at import torch{switched_off}"))
+            marks.shown(f"torch's plugin entry point at import torch{switched_off}")
         else:
-            fact(True, f"armed at import torch by torch's plugin entry point ({report.startup_detail})")
+            marks.fact(True, f"armed at import torch by torch's plugin entry point ({report.startup_detail})")
     else:
         unarmed, remedy = "nothing arms the patch", arming_remedy(report.plugin_detail)
-        fact(False, f"not armed at interpreter start: {report.startup_detail}", cause=unarmed)
-        fact(False, f"not armed at import torch: {report.plugin_detail}", remedy, unarmed)
-    fact(report.wrapt is not None, f"wrapt {report.wrapt}" if report.wrapt else
-         f"wrapt cannot be imported ({report.wrapt_error})", _config.pip_command("install wrapt"),
-         "wrapt cannot be imported")
+        marks.fact(False, f"not armed at interpreter start: {report.startup_detail}", cause=unarmed)
+        marks.fact(False, f"not armed at import torch: {report.plugin_detail}", remedy, unarmed)
+
+
+def switch_fact(report: DoctorReport, marks: Marks) -> None:
+    """What ``FSDP_AUTOPATCH`` makes of every process; a value that is not a switch value is what
+    the runtime makes of it: one line on stderr (run_doctor prints the same), then auto mode."""
+    if report.mode_problem:
+        marks.fact(True, f"switch: auto ({_config.MODE_VARIABLE}={report.mode_value!a} is not a switch "
+                         "value, so processes run in auto mode)")
+        return
     switch = (f"{_config.MODE_VARIABLE} unset" if report.mode_value is None
               else f"{_config.MODE_VARIABLE}={report.mode_value!r}")
     off = f"{_config.MODE_VARIABLE}={report.mode_value} turns the patch off"
-    if report.mode_problem:
-        # What the runtime does with it: one line on stderr (run_doctor prints the same), then
-        # auto mode; so the verdict is auto mode's.
-        fact(True, f"switch: auto ({_config.MODE_VARIABLE}={report.mode_value!a} is not a switch value, "
-                   "so processes run in auto mode)")
-    else:
-        fact(report.mode != _config.OFF, f"switch: {report.mode} ({switch})" if report.mode != _config.OFF
-             else f"switch: {off}", f"unset {_config.MODE_VARIABLE} to let it run", off)
-    if report.startup_error:
-        fact(False, f"arming failed in this interpreter: {report.startup_error}",
-             f"report it with the output of: {PROG} doctor --json", "arming failed")
-    report.would_apply = False if report.problems else None if report.unknowns or newer else needed
-    report.outcome, report.verdict = verdict(report, forced, needed)
-    report.exit_code = EXIT_CODE[report.outcome]
+    marks.fact(report.mode != _config.OFF, f"switch: {report.mode} ({switch})" if report.mode != _config.OFF
+               else f"switch: {off}", f"unset {_config.MODE_VARIABLE} to let it run", off)
 
 
 def torch_fixes_it(report: DoctorReport) -> bool:
@@ -473,7 +493,7 @@ def torch_fixes_it(report: DoctorReport) -> bool:
 def pair_fact(report: DoctorReport, forced: bool) -> str:
     """The versions, and what the version matrix says of them on this Python."""
     torch, transformers, row = report.torch, report.transformers, _matrix.torch_row_for(report.torch)
-    if torch is None or (row is not None and not row.affected):
+    if torch is None or (row is not None and not row.has_fsdp2):
         return "torch is not installed" if torch is None else f"torch {torch} has no FSDP2 (version matrix)"
     if forced:
         return f"torch {torch}: {_config.MODE_VARIABLE}=force patches it, whatever the version matrix says"
@@ -485,7 +505,7 @@ def pair_fact(report: DoctorReport, forced: bool) -> str:
         return f"{pair}: torch's files have the fix"
     if report.in_matrix or heads is None:
         return f"{pair}: the bug is here (version matrix)"
-    why = ("no head inherits ABC" if not heads.affected else "torch's own fix builds accepted classes"
+    why = ("no head inherits ABC" if not heads.abc_heads else "torch's own fix builds accepted classes"
            if row is not None and row.fixed else "CPython accepts the ABC swap")
     return f"{pair}: {why} (version matrix)"
 

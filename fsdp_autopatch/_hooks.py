@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from fsdp_autopatch import _config, _matrix, _patch, _sites, _speaker
+from fsdp_autopatch import _classes, _config, _matrix, _patch, _sites, _speaker
 from fsdp_autopatch._sites import TRANSFORMERS
 
 logger = logging.getLogger("fsdp_autopatch")
@@ -45,9 +45,9 @@ class Status:
     # Who answered whether the bug is here: "probe" (torch and CPython were asked) or "matrix"
     # (the version rows, where no probe could run); None until then, and in off and force modes.
     decided_by: Optional[str] = None
-    # The original classes that went through a patched site (the first _patch.CLASS_RECORD_LIMIT),
+    # The original classes that went through a patched site (the first _classes.CLASS_RECORD_LIMIT),
     # and how many did in all.
-    classes: tuple[_patch.ClassRecord, ...] = ()
+    classes: tuple[_classes.ClassRecord, ...] = ()
     classes_seen: int = 0
     # The route that armed this interpreter (fsdp_autopatch.START_FILE_ROUTE, PLUGIN_ROUTE or
     # APPLY_ROUTE), None where nothing did.
@@ -193,13 +193,12 @@ def try_install(just_ran: Optional[object] = None) -> None:
     with _lock:
         if _status is None or _status.mode == _config.OFF or (_decision is not None and not _decision.apply):
             return
-        mode = _status.mode
         torch_version, torch_note = _version_of("torch") if "torch" in sys.modules else (None, "")
         no_fsdp2 = _torch_without_fsdp2(torch_version, just_ran)
         if _decision is None and no_fsdp2 is not None:  # nothing to patch, now or later
-            _decision = _matrix.Decision(False, no_fsdp2, False, _matrix.MATRIX)
+            _decision = _matrix.Decision(False, no_fsdp2, False, _matrix.DECIDED_BY_MATRIX)
             _status.torch, _status.reason = torch_version, no_fsdp2
-            _status.in_matrix, _status.decided_by = False, _matrix.MATRIX
+            _status.in_matrix, _status.decided_by = False, _matrix.DECIDED_BY_MATRIX
             logger.debug("%s", no_fsdp2)
             return
         loaded = {api: _patch.resolve_api(api, just_ran) for api in _sites.APIS if api not in _settled}
@@ -207,70 +206,86 @@ def try_install(just_ran: Optional[object] = None) -> None:
             _site_failed(api, problem, remedy)
             del loaded[api]
         if _decision is None:
-            first = next((construction for construction in loaded.values() if construction), None)
-            ready = mode == _config.FORCE or TRANSFORMERS in sys.modules
-            if not ready or (first is None and not _problems):
-                # Only transformers' version is needed, and that is set first thing in its __init__.
-                _status.torch = _status.torch or torch_version
-                if TRANSFORMERS in sys.modules:
-                    _status.transformers = _version_of(TRANSFORMERS)[0]
-                _status.reason = _with_problems(_waiting_reason(mode, just_ran))
-                return
-            transformers_version, transformers_note = (
-                _version_of(TRANSFORMERS) if TRANSFORMERS in sys.modules else (None, ""))
-            _status.torch, _status.transformers = torch_version, transformers_version
-            # torch's own code is asked at every site loaded: the bug is here if any refuses;
-            # where no site of this torch can be run, the version rows answer.
-            answers = [_probed(api, construction) for api, construction in loaded.items() if construction]
-            bug = (True if _patch.TORCH_REFUSED in answers
-                   else None if None in answers or not answers else False)
-            _decision = _matrix.decide(mode, torch_version, transformers_version, lambda: bug)
-            if bug is False and _patch.TORCH_FIXED in answers and not _decision.apply:
-                _decision = dataclasses.replace(_decision, reason=(
-                    f"torch {torch_version} builds wrapper classes {_matrix.interpreter()} accepts for ABC "
-                    "modules itself (probed at every site): nothing to patch"))
-            _status.in_matrix, _status.decided_by = _decision.in_matrix, _decision.decided_by
-            _status.reason = _with_problems("".join((torch_note, transformers_note, _decision.reason)))
-            # Whether the bug is here changes nothing in a run by itself: DEBUG, unless nobody can tell.
-            decided = (f"{'' if _decision.apply else 'not '}patching{_decided_by(_decision)}: "
-                       f"{_status.reason}")
-            if _decision.cannot_tell:
-                _log_unfixed(decided)
-            else:
-                logger.debug("%s", decided)
-            if _bug_here() and _problems:
-                api, (problem, remedy) = next(iter(_problems.items()))
-                _say_cannot_fix(api, problem, remedy)
-            elif _decision.cannot_tell:
-                _say_cannot_fix(None, _decision.reason)
-            if not _decision.apply:
-                return
-        if _without_wrapt is not None:
-            # Here the patch would be installed: the bug is here (torch and CPython asked), and
-            # what would install it is missing. The one line, where it matters only.
-            _settled.update(loaded)
-            _say_cannot_fix(None, *_without_wrapt)
-            return
-        for api, construction in loaded.items():
-            if construction is None:
-                continue
-            _settled.add(api)
-            # Nothing of torch's is rewritten where torch needs no fix: where torch builds an
-            # accepted class itself, and, unless forced, where CPython accepts torch's own for an
-            # ABC module (3.15+). Forced, such a site is patched still: CPython 3.15 refuses
-            # Generic[T]-first classes, and each class gets torch's own where CPython accepts it.
-            answer = _probed(api, construction)
-            if answer == _patch.TORCH_FIXED or (answer == _patch.TORCH_ACCEPTED and mode != _config.FORCE):
-                logger.debug("left %s to torch: its own construction gives an ABC module a class CPython "
-                             "accepts", api)
-                continue
-            problem = _patch.install_checked(construction)
-            if problem is None:
-                _status.applied = True
-                _status.sites += (construction.site.name,)
-                logger.debug("patched %s at %s", api, construction.site.name)
-            else:
-                _site_failed(api, problem, "upgrade fsdp-autopatch, or report it")
+            _decide(loaded, torch_version, torch_note, just_ran)
+        if _decision is not None and _decision.apply:
+            _install(loaded)
+
+
+def _decide(loaded: dict[str, Optional[_patch.Construction]], torch_version: Optional[str], torch_note: str,
+            just_ran: Optional[object]) -> None:
+    """Decide whether the bug is here, once a site and (in auto mode) transformers are imported:
+    torch's own code is asked at every site loaded (the bug is here if any refuses); where no
+    site of this torch can be run, the version rows answer. Says the one line where the bug is
+    here and a site's fix cannot run. Called under the lock."""
+    global _decision
+    assert _status is not None
+    mode = _status.mode
+    first = next((construction for construction in loaded.values() if construction), None)
+    ready = mode == _config.FORCE or TRANSFORMERS in sys.modules
+    if not ready or (first is None and not _problems):
+        # Only transformers' version is needed, and that is set first thing in its __init__.
+        _status.torch = _status.torch or torch_version
+        if TRANSFORMERS in sys.modules:
+            _status.transformers = _version_of(TRANSFORMERS)[0]
+        _status.reason = _with_problems(_waiting_reason(mode, just_ran))
+        return
+    transformers_version, transformers_note = (
+        _version_of(TRANSFORMERS) if TRANSFORMERS in sys.modules else (None, ""))
+    _status.torch, _status.transformers = torch_version, transformers_version
+    answers = [_probed(api, construction) for api, construction in loaded.items() if construction]
+    bug = (True if _patch.TORCH_REFUSED in answers
+           else None if None in answers or not answers else False)
+    _decision = _matrix.decide(mode, torch_version, transformers_version, bug)
+    if bug is False and _patch.TORCH_FIXED in answers and not _decision.apply:
+        _decision = dataclasses.replace(_decision, reason=(
+            f"torch {torch_version} builds wrapper classes {_matrix.interpreter()} accepts for ABC "
+            "modules itself (probed at every site): nothing to patch"))
+    _status.in_matrix, _status.decided_by = _decision.in_matrix, _decision.decided_by
+    _status.reason = _with_problems("".join((torch_note, transformers_note, _decision.reason)))
+    # Whether the bug is here changes nothing in a run by itself: DEBUG, unless nobody can tell.
+    decided = f"{'' if _decision.apply else 'not '}patching{_decided_by(_decision)}: {_status.reason}"
+    if _decision.cannot_tell:
+        _log_unfixed(decided)
+    else:
+        logger.debug("%s", decided)
+    if _bug_here() and _problems:
+        api, (problem, remedy) = next(iter(_problems.items()))
+        _say_cannot_fix(api, problem, remedy)
+    elif _decision.cannot_tell:
+        _say_cannot_fix(None, _decision.reason)
+
+
+def _install(loaded: dict[str, Optional[_patch.Construction]]) -> None:
+    """Install the fix at every site loaded, the bug being here; where wrapt is missing, say the
+    one line instead. Called under the lock."""
+    assert _status is not None
+    if _without_wrapt is not None:
+        # Here the patch would be installed: the bug is here (torch and CPython asked), and
+        # what would install it is missing. The one line, where it matters only.
+        _settled.update(loaded)
+        _say_cannot_fix(None, *_without_wrapt)
+        return
+    for api, construction in loaded.items():
+        if construction is None:
+            continue
+        _settled.add(api)
+        # Nothing of torch's is rewritten where torch needs no fix: where torch builds an
+        # accepted class itself, and, unless forced, where CPython accepts torch's own for an
+        # ABC module (3.15+). Forced, such a site is patched still: CPython 3.15 refuses
+        # Generic[T]-first classes, and each class gets torch's own where CPython accepts it.
+        answer = _probed(api, construction)
+        forced = _status.mode == _config.FORCE
+        if answer == _patch.TORCH_FIXED or (answer == _patch.TORCH_ACCEPTED and not forced):
+            logger.debug("left %s to torch: its own construction gives an ABC module a class CPython "
+                         "accepts", api)
+            continue
+        problem = _patch.install_checked(construction)
+        if problem is None:
+            _status.applied = True
+            _status.sites += (construction.site.name,)
+            logger.debug("patched %s at %s", api, construction.site.name)
+        else:
+            _site_failed(api, problem, "upgrade fsdp-autopatch, or report it")
 
 
 # What keeps each API unpatched (an unknown layout, a failed self-check): the problem and its
@@ -319,7 +334,7 @@ def _torch_without_fsdp2(torch_version: Optional[str], just_ran: Optional[object
     if all(_patch.loaded(name, just_ran) is None for name in packages):
         return None
     row = _matrix.torch_row_for(torch_version)
-    if row is None or row.affected:
+    if row is None or row.has_fsdp2:
         return None
     return f"torch {torch_version} has no FSDP2 ({row.evidence}): nothing to patch"
 
@@ -353,7 +368,7 @@ def _unknown_layouts(
 
 
 def _decided_by(decision: Optional[_matrix.Decision]) -> str:
-    names = {_matrix.PROBE: "the probe", _matrix.MATRIX: "the version matrix"}
+    names = {_matrix.DECIDED_BY_PROBE: "the probe", _matrix.DECIDED_BY_MATRIX: "the version matrix"}
     who = names.get((decision and decision.decided_by) or "")
     return f" (decided by {who})" if who else ""
 
@@ -481,7 +496,7 @@ def current_status() -> Optional[Status]:
     with _lock:
         if _status is None:
             return None
-        classes, seen = _patch.classes.snapshot()
+        classes, seen = _classes.records.snapshot()
         import fsdp_autopatch
 
         current = dataclasses.replace(_status, classes=classes, classes_seen=seen,

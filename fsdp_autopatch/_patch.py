@@ -6,8 +6,8 @@ function's code object a private global name in place of ``type`` (``code.replac
 object stays, so every alias of ``fully_shard`` and ``replicate`` users hold reaches the fix) and
 binds a ``TypeStandIn`` under that name. The module's own ``type`` stays the builtin, so its
 public names, star imports, annotations and ``eval`` are torch's alone. For the site's call shape
-the stand-in calls what ``upstream/torch.patch`` has torch call there instead of ``type``:
-``_wrapper_cls.make_wrapper_cls``, called as if from torch's module (``_layout.called_from``),
+the stand-in calls what ``upstream/torch.diff`` has torch call there instead of ``type``:
+``_wrapper_cls.make_wrapper_cls``, called as if from torch's module (``_classes.called_from``),
 which builds torch's own class wherever CPython accepts it and a layout-compatible one where not.
 Every other call is the builtin's (or whatever the module's ``type`` is now, if a user rebound it).
 What stays around that function is the package's own: the records, the log, ``status()``.
@@ -28,11 +28,10 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass
 from types import CodeType, FunctionType, ModuleType
 from typing import Any, Callable, Optional
 
-from fsdp_autopatch import _layout, _matrix, _sites, _wrapper_cls
+from fsdp_autopatch import _classes, _matrix, _sites, _wrapper_cls
 from fsdp_autopatch._sites import Site
 
 logger = logging.getLogger("fsdp_autopatch")
@@ -61,7 +60,7 @@ class Construction:
         self.helper = helper
         # The original classes listed in the status (by identity, held weakly): each once, whether
         # torch caches its class (FSDP2) or builds one per call (composable DDP).
-        self.recorded: _layout.ByIdentity[bool] = _layout.ByIdentity()
+        self.recorded: _classes.ByIdentity[bool] = _classes.ByIdentity()
         # The builder function whose code was redirected, and its code before and after.
         self.function: Optional[FunctionType] = None
         self.patched_code: Optional[CodeType] = None
@@ -74,91 +73,12 @@ class Construction:
         return {} if self.deepcopy is None else {"__deepcopy__": self.deepcopy}
 
 
-@dataclass(frozen=True)
-class ClassRecord:
-    """What became of one original class at one site, for ``status().classes``."""
-
-    name: str  # the original class's __qualname__
-    module: str
-    site: str
-    wrapper: str  # the name of the class the site used
-    outcome: str  # _layout.TORCH, COMPATIBLE or REFUSED
-    parent: Optional[str] = None  # COMPATIBLE: the base its mirror of the wrapper sits on, e.g. "abc.ABC"
-    reason: Optional[str] = None  # REFUSED: why, in one line
-
-
-class ClassRecords:
-    """The classes that went through a patched site in this process: the first ``limit`` kept,
-    every one counted, so that a process wrapping thousands of classes stays small."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._kept: list[ClassRecord] = []
-        self._seen = 0
-        self._lock = threading.Lock()
-
-    def add(self, record: ClassRecord) -> None:
-        with self._lock:
-            self._seen += 1
-            if len(self._kept) < self.limit:
-                self._kept.append(record)
-
-    def snapshot(self) -> tuple[tuple[ClassRecord, ...], int]:
-        with self._lock:
-            return tuple(self._kept), self._seen
-
-
-CLASS_RECORD_LIMIT = 100
-classes = ClassRecords(CLASS_RECORD_LIMIT)
-
-# Set on the throwaway classes this package sends through torch's construction to check it:
-# they are neither logged nor listed as the user's classes; what became of them is kept on them.
-_THROWAWAY = "__fsdp_autopatch_throwaway__"
-_CHOSEN = "__fsdp_autopatch_chosen__"
-
-
 def after_fork_in_child() -> None:
     """A thread that held a lock at fork() does not exist in the child: nothing would release it."""
     global _lock
     _lock = threading.RLock()
-    classes._lock = threading.Lock()
+    _classes.records._lock = threading.Lock()
     _wrapper_cls._mirrors_lock = threading.RLock()
-
-
-def _outcome(construction: Construction, cls: type, built: type) -> tuple[str, Optional[type], Optional[str]]:
-    """What the fix gave ``cls``: torch's class (which CPython accepts, or refuses: then torch
-    raises its own error, and the reason says why the fix has none), or the compatible one and the
-    base its mirror of the wrapper sits on."""
-    if built.__bases__[0] is not construction.wrapper:
-        return _layout.COMPATIBLE, _layout.mirror_base(built, construction.wrapper), None
-    if _layout.accepts(cls, built):
-        return _layout.TORCH, None, None
-    if not _wrapper_cls._layout_root(cls).__dictoffset__:
-        return _layout.REFUSED, None, "its instances have no __dict__, which every wrapper class adds"
-    return _layout.REFUSED, None, (f"no mirror of {construction.wrapper.__name__} fits its class "
-                                   "(docs/how-it-works.md#limits)")
-
-
-def _record(construction: Construction, cls: type, built: type) -> None:
-    """List the class in the status and say once in the log what became of it."""
-    outcome, parent, reason = _outcome(construction, cls, built)
-    if cls.__dict__.get(_THROWAWAY):
-        type.__setattr__(cls, _CHOSEN, outcome)
-        return
-    site = construction.site.name
-    parent_name = _layout.parent_name(parent) if parent is not None else None
-    record = ClassRecord(cls.__qualname__, cls.__module__, site, built.__name__, outcome, parent_name, reason)
-    classes.add(record)
-    original = f"{record.module}.{record.name}"
-    if outcome == _layout.COMPATIBLE:
-        logger.info("built %s on %s for %s at %s: CPython refuses torch's own class for it",
-                    record.wrapper, parent_name, original, site)
-    elif outcome == _layout.REFUSED:
-        logger.info("cannot build a layout-compatible %s for %s at %s (%s): torch will raise its own "
-                    "error for it", record.wrapper, original, site, reason)
-    else:
-        logger.debug("left %s to torch at %s: CPython accepts torch's own %s", original, site,
-                     record.wrapper)
 
 
 class TypeStandIn:
@@ -174,8 +94,8 @@ class TypeStandIn:
         self.module_name = module_name
         # type() names a new class's __module__ after the calling frame's globals: torch's module,
         # for the classes of the fix as for every other call.
-        self.build = _layout.called_from(module_name, builtins.type)
-        self.make_wrapper_cls = _layout.called_from(module_name, _wrapper_cls.make_wrapper_cls)
+        self.build = _classes.called_from(module_name, builtins.type)
+        self.make_wrapper_cls = _classes.called_from(module_name, _wrapper_cls.make_wrapper_cls)
         self.constructions: dict[int, Construction] = {}  # by the identity of the wrapper class
         # The functions whose code loads this stand-in: function -> its code before.
         self.originals: dict[FunctionType, CodeType] = {}
@@ -225,7 +145,7 @@ class TypeStandIn:
             if first:
                 construction.recorded.set(cls, True)
         if first:
-            _record(construction, cls, built)
+            _classes.record(construction.site.name, construction.wrapper, cls, built)
 
     def __instancecheck__(self, instance: Any) -> bool:
         return isinstance(instance, self.own_type())
@@ -425,7 +345,7 @@ def install(construction: Construction) -> None:
     cache = getattr(sys.modules.get(construction.site.module), construction.site.cache or "", None)
     if isinstance(cache, dict):
         for cls, built in list(cache.items()):
-            if isinstance(cls, type) and isinstance(built, type) and not _layout.accepts(cls, built):
+            if isinstance(cls, type) and isinstance(built, type) and not _classes.accepts(cls, built):
                 cache.pop(cls, None)
                 logger.debug("dropped %s, which torch cached at %s before the patch and CPython "
                              "refuses for %s", built.__name__, construction.site.name, cls.__qualname__)
@@ -512,7 +432,7 @@ def check(construction: Construction) -> Optional[str]:
         try:
             _apply_construction(construction, instance, patched=True)
         except TypeError as error:
-            refused = cls.__dict__.get(_CHOSEN) == _layout.REFUSED
+            refused = cls.__dict__.get(_classes.CHOSEN) == _classes.REFUSED
             why = " (the fix has no compatible class for it)" if refused else ""
             return f"a throwaway ABC module still fails in torch's construction at {site}: {error}{why}"
     except Exception as error:
@@ -573,7 +493,7 @@ def _throwaway_abc_module(name: str) -> type:
     layout of ``class (ABC, nn.Module)`` (a ``__dict__`` added on top of ``ABC``), which is what
     CPython judges, without being an ``nn.Module``: the class registries and tools that walk
     ``nn.Module.__subclasses__()`` never meet it, and it is freed with what torch built from it."""
-    return type(name, (abc.ABC,), {_THROWAWAY: True, "__module__": __name__})
+    return type(name, (abc.ABC,), {_classes.THROWAWAY: True, "__module__": __name__})
 
 
 def _apply_construction(construction: Construction, instance: object, patched: bool) -> None:
@@ -589,7 +509,7 @@ def _apply_construction(construction: Construction, instance: object, patched: b
         elif patched:
             build = module.__dict__.get(PRIVATE_TYPE, builtins.type)
         else:
-            build = _layout.called_from(module.__name__, builtins.type)
+            build = _classes.called_from(module.__name__, builtins.type)
         cls = type(instance)
         bases = (construction.wrapper, cls)
         instance.__class__ = build(construction.name(cls), bases, construction.namespace())

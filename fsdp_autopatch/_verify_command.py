@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Optional
 
 import fsdp_autopatch
-from fsdp_autopatch import _config, _console, _doctor, _layout, _verify
+from fsdp_autopatch import _classes, _config, _console, _doctor, _verify
 from fsdp_autopatch._console import (
     EXIT_CANNOT_TELL,
     EXIT_NOT_FIXED,
@@ -336,9 +336,10 @@ def class_lines(rank: int, run: VerifyRun) -> list[str]:
     if records is None:
         return [f"rank {rank}: did not report its classes (it stopped before the end)"]
     lines = [f"rank {rank}: {record['name']} -> " + (f"{record['wrapper']} on {record['parent']}"
-             if record["outcome"] == _layout.COMPATIBLE else f"none that CPython accepts: {record['reason']}")
-             for record in records if record["outcome"] != _layout.TORCH]
-    kept = [record["wrapper"] for record in records if record["outcome"] == _layout.TORCH]
+             if record["outcome"] == _classes.COMPATIBLE
+             else f"none that CPython accepts: {record['reason']}")
+             for record in records if record["outcome"] != _classes.TORCH]
+    kept = [record["wrapper"] for record in records if record["outcome"] == _classes.TORCH]
     if kept:
         lines.append(f"rank {rank}: torch's own class kept for {len(kept)}: {', '.join(kept)}")
     if run.seen.get(rank, 0) > len(records):

@@ -118,9 +118,9 @@ NOT_LENT = re.compile(
 
 def lent_site_packages(where: Path) -> Path:
     """A directory of links to this environment's site-packages, less what ``NOT_LENT`` names."""
-    site = Path(sysconfig.get_paths()["purelib"])
+    site_packages = Path(sysconfig.get_paths()["purelib"])
     where.mkdir()
-    for entry in site.iterdir():
+    for entry in site_packages.iterdir():
         if not NOT_LENT.search(entry.name):
             (where / entry.name).symlink_to(entry)
     return where
@@ -335,7 +335,7 @@ class Throwaway:
 
     root: Path
     python: Path
-    site: Path
+    site_packages: Path
 
     def run(
         self, code: str = "pass", *flags: str, **variables: Optional[str]
@@ -358,26 +358,26 @@ def make_throwaway(
     start-up files, torch's plugin module, wrapt; each can be left out to make a broken
     environment."""
     venv = make_venv(root)
-    site, python = venv.site, venv.python
+    site_packages, python = venv.site_packages, venv.python
     # copytree keeps modification times, so the copied bytecode stays valid.
     if package:
         package_dir = installed / "fsdp_autopatch"
         if not package_dir.is_dir():  # an editable install: the package is the checkout's
             package_dir = ROOT / "fsdp_autopatch"
-        shutil.copytree(package_dir, site / "fsdp_autopatch")
+        shutil.copytree(package_dir, site_packages / "fsdp_autopatch")
         (dist_info,) = installed.glob("fsdp_autopatch-*.dist-info")
-        shutil.copytree(dist_info, site / dist_info.name)
+        shutil.copytree(dist_info, site_packages / dist_info.name)
     if pth:
         for name in ("fsdp_autopatch.pth", "fsdp_autopatch.start"):
-            shutil.copy2(installed / name, site / name)
+            shutil.copy2(installed / name, site_packages / name)
     if plugin:
         plugin_module = installed / PLUGIN_MODULE
         if not plugin_module.is_file():  # an editable install: the checkout's
             plugin_module = ROOT / PLUGIN_MODULE
-        shutil.copy2(plugin_module, site / PLUGIN_MODULE)
+        shutil.copy2(plugin_module, site_packages / PLUGIN_MODULE)
     if wrapt:
-        shutil.copytree(installed / "wrapt", site / "wrapt")
-    return Throwaway(root, python, site)
+        shutil.copytree(installed / "wrapt", site_packages / "wrapt")
+    return Throwaway(root, python, site_packages)
 
 
 def write_module(where: Path, dotted: str, source: str) -> None:

@@ -161,7 +161,7 @@ class Venv:
 
     root: Path
     python: Path
-    site: Path
+    site_packages: Path
     scripts: Path
 
 
@@ -170,12 +170,12 @@ def venv_layout(root: Path) -> Venv:
     scripts = root / ("Scripts" if sys.platform == "win32" else "bin")
     python = scripts / ("python.exe" if sys.platform == "win32" else "python")
     if sys.platform == "win32":
-        site = root / "Lib" / "site-packages"
+        site_packages = root / "Lib" / "site-packages"
     else:
         # One lib/pythonX.Y per venv; its version is the base interpreter's, maybe not this one's.
         found = sorted((root / "lib").glob("python3*/site-packages"))
-        site = found[0] if found else Path(sysconfig.get_paths(vars={"base": str(root)})["purelib"])
-    return Venv(root, python, site, scripts)
+        site_packages = found[0] if found else Path(sysconfig.get_paths(vars={"base": str(root)})["purelib"])
+    return Venv(root, python, site_packages, scripts)
 
 
 def make_venv(root: Path, *, with_pip: bool = False, base_python: str = sys.executable) -> Venv:
@@ -187,8 +187,8 @@ def make_venv(root: Path, *, with_pip: bool = False, base_python: str = sys.exec
     command = [base_python, "-m", "venv", *(() if with_pip else ("--without-pip",)), str(root)]
     run_logged(command, None, env=scrubbed_environment())
     venv = venv_layout(root)
-    if not (venv.python.exists() and venv.site.is_dir()):
-        raise RuntimeError(f"unexpected venv layout under {root}: no {venv.python} or {venv.site}")
+    if not (venv.python.exists() and venv.site_packages.is_dir()):
+        raise RuntimeError(f"unexpected venv layout under {root}: no {venv.python} or {venv.site_packages}")
     return venv
 
 

@@ -242,7 +242,7 @@ def judge(record: dict[str, Any]) -> dict[str, Any]:
         return {"problems": [f"could not be run: {record['error'].splitlines()[0][:300]}"]}
     if "unusable" in record:
         row = _matrix.row_for(_matrix.TRANSFORMERS_ROWS, record["transformers"])
-        affected = bool(row and row.affected)
+        affected = bool(row and row.abc_heads)
         return {"problems": [f"the matrix says transformers {record['transformers']} is affected, "
                              f"but it builds no model here: {record['unusable']}"] if affected else []}
     torch_version, transformers_version = record["torch"], record["transformers"]
@@ -269,9 +269,9 @@ def judge(record: dict[str, Any]) -> dict[str, Any]:
     if expected_bug and not heads:
         problems.append("the matrix says the heads are affected, but this transformers builds none of them")
     for kind in heads:
-        if models[kind]["abc_in_mro"] != bool(transformers_row and transformers_row.affected):
+        if models[kind]["abc_in_mro"] != bool(transformers_row and transformers_row.abc_heads):
             problems.append(f"{kind}: abc.ABC in MRO is {models[kind]['abc_in_mro']}, the matrix row says "
-                            f"{bool(transformers_row and transformers_row.affected)}")
+                            f"{bool(transformers_row and transformers_row.abc_heads)}")
 
     # The one rule verify uses: every model is graded against the causal LM of the same run,
     # which the patch never touches (torch 2.4/2.5 cannot train FSDP2 on a CPU, torch 2.8 drifts

@@ -3,7 +3,7 @@
     nox -f tests/noxfile.py -s tests      # the default: all but the stress loops, the pinned torch
                                           # and transformers, two pytest workers
     nox -f tests/noxfile.py -s stress     # the stress loops: threads, processes, pip life cycles
-    nox -f tests/noxfile.py -s ci_tier    # CI's tier: the upstream patch on a copy of torch
+    nox -f tests/noxfile.py -s ci_tier    # CI's tier: upstream/torch.diff applied to a copy of torch
     nox -f tests/noxfile.py -s fast       # the tests that need no torch, on Python 3.9 - 3.13
     nox -f tests/noxfile.py -s wrapt_floor  # the hooks on the oldest wrapt pyproject.toml allows
     nox -f tests/noxfile.py -s stacks     # accelerate, TRL, PEFT, verl, DCP, compile (tests/stacks/)
@@ -11,7 +11,7 @@
 
 The package is always installed from a freshly built wheel, never from the checkout, so the
 tests see what users install: the .pth at the root of site-packages included. Arguments after
-``--`` go to pytest (``nox -f tests/noxfile.py -s tests -- tests/test_layout.py -x``). Every
+``--`` go to pytest (``nox -f tests/noxfile.py -s tests -- tests/test_classes.py -x``). Every
 version installed is pinned in harness.py (``TORCH_PIN``, ``TRANSFORMERS_PIN``, ``STACKS_PINS``).
 """
 
@@ -132,7 +132,7 @@ def module(session: nox.Session) -> None:
 @nox.session(python="3.11", venv_backend="venv")
 def ci_tier(session: nox.Session) -> None:
     """CI's tier (marker ci_tier): what is proven beyond the README's command, such as
-    upstream/torch.patch applied to a copy of torch. .ci/run runs it in the tests session's venv."""
+    upstream/torch.diff applied to a copy of torch. .ci/run runs it in the tests session's venv."""
     install_torch_stack(session, *MEGATRON)
     install_wheel(session, *TESTS_REQUIREMENTS)
     session.run("pytest", "-n", "2", *REPORTING, "-m", "ci_tier", *session.posargs,

@@ -45,12 +45,12 @@ def status_after(
 @pytest.fixture
 def env(tmp_path: Path, installed: Path) -> Throwaway:
     venv = make_throwaway(tmp_path / "venv", installed)
-    fake_transformers(venv.site)
+    fake_transformers(venv.site_packages)
     return venv
 
 
 def torch_version(env: Throwaway, version: str) -> None:
-    fake_torch(env.site, version=version)
+    fake_torch(env.site_packages, version=version)
 
 
 @pytest.mark.parametrize(("imports", "mode", "reason"), [
@@ -72,8 +72,9 @@ def private_fsdp2(env: Throwaway) -> None:
     """A torch whose FSDP2 lives only in a new private module that torch.distributed.fsdp does
     not re-export."""
     torch_version(env, "2.16.0")
-    shutil.rmtree(env.site / "torch" / "distributed" / "fsdp")
-    write_module(env.site, "torch.distributed.fsdp._fsdp2_v2", "def fully_shard(module):\n    pass\n")
+    shutil.rmtree(env.site_packages / "torch" / "distributed" / "fsdp")
+    write_module(env.site_packages, "torch.distributed.fsdp._fsdp2_v2",
+                 "def fully_shard(module):\n    pass\n")
 
 
 @pytest.mark.parametrize("mode", [None, "force"])
@@ -98,8 +99,8 @@ def test_fsdp1_of_torch_2_5_waits_for_its_fsdp2_package(env: Throwaway) -> None:
     """torch 2.4 and 2.5 keep FSDP2 in torch.distributed._composable.fsdp; their
     torch.distributed.fsdp is FSDP1, which has no layout bug to fix."""
     torch_version(env, "2.5.1")
-    shutil.rmtree(env.site / "torch" / "distributed" / "fsdp")
-    write_module(env.site, "torch.distributed.fsdp", "class FullyShardedDataParallel:\n    pass\n")
+    shutil.rmtree(env.site_packages / "torch" / "distributed" / "fsdp")
+    write_module(env.site_packages, "torch.distributed.fsdp", "class FullyShardedDataParallel:\n    pass\n")
     status = status_after(env, "import torch.distributed.fsdp, transformers")
     assert status["reason"] == f"waiting for {WRAPPERS} to be imported"
 
@@ -142,8 +143,8 @@ def test_a_site_cpython_accepts_for_abc_is_left_to_torch_unless_forced(
     """Where CPython accepts torch's own class for an ABC module (CPython 3.15, and here a DDP
     wrapper that sits on abc.ABC itself), auto mode leaves the site to torch. Forced, it is
     patched: a Generic[T]-first module, which CPython refuses on every version, is wrapped."""
-    fake_torch(env.site)
-    replicate = env.site / "torch" / "distributed" / "_composable" / "replicate.py"
+    fake_torch(env.site_packages)
+    replicate = env.site_packages / "torch" / "distributed" / "_composable" / "replicate.py"
     replicate.write_text("import abc\n" + replicate.read_text().replace("class DDP:", "class DDP(abc.ABC):"))
     result = env.run_program(PROGRAMS / "accepted_site.py", FSDP_AUTOPATCH=mode)
     assert result.returncode == 0 and result.stderr == "", result.stderr

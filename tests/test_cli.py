@@ -84,12 +84,12 @@ def imported_packages(importtime_log: str) -> set[str]:
     return {name.split(".")[0] for name in split_importtime(importtime_log)[0]}
 
 
-def add_distribution(site: Path, name: str, version: str, files: dict[str, str]) -> None:
+def add_distribution(site_packages: Path, name: str, version: str, files: dict[str, str]) -> None:
     for relative, text in files.items():
-        path = site / relative
+        path = site_packages / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
-    dist_info = site / f"{name}-{version}.dist-info"
+    dist_info = site_packages / f"{name}-{version}.dist-info"
     dist_info.mkdir()
     (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
@@ -107,12 +107,13 @@ def without_distributed(installed: Path, tmp_path_factory: pytest.TempPathFactor
     ``USE_DISTRIBUTED=0`` builds are), with transformers 4.55.2 and no wrapt."""
     venv = tmp_path_factory.mktemp("without-distributed") / "venv"
     throwaway = make_throwaway(venv, installed, wrapt=False)
-    site = throwaway.site
-    add_distribution(site, "torch", "2.13.0", {
+    site_packages = throwaway.site_packages
+    add_distribution(site_packages, "torch", "2.13.0", {
         "torch/__init__.py": '__version__ = "2.13.0"\n',
         "torch/distributed/__init__.py": "def is_available() -> bool:\n    return False\n",
     })
-    add_distribution(site, "transformers", "4.55.2", {"transformers/__init__.py": '__version__ = "4.55.2"\n'})
+    add_distribution(site_packages, "transformers", "4.55.2",
+                     {"transformers/__init__.py": '__version__ = "4.55.2"\n'})
     return str(throwaway.python)
 
 
@@ -630,7 +631,7 @@ def test_doctor_on_python_3_15_says_the_abc_heads_need_no_patch(
 ) -> None:
     from fsdp_autopatch import _doctor, _matrix
 
-    if _matrix.row_for(_matrix.TRANSFORMERS_ROWS, real_torch["transformers"]).affected is not True:  # type: ignore[union-attr]
+    if _matrix.row_for(_matrix.TRANSFORMERS_ROWS, real_torch["transformers"]).abc_heads is not True:  # type: ignore[union-attr]
         pytest.fail(f"transformers {real_torch['transformers']} has no ABC heads: nothing to tell apart")
     here = _doctor.diagnose()
     monkeypatch.setattr(_matrix, "python_version", lambda: "3.15.2")

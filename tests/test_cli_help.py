@@ -71,10 +71,11 @@ def test_doctors_remedy_for_a_half_install_reinstalls_from_the_repository(
     only the start-up files are gone (tooling strips .pth files) and torch's plugin arms, doctor
     is content and advises nothing (tests/test_cli.py)."""
     throwaway = make_throwaway(tmp_path / "venv", installed, pth=False)
-    for dist_info in throwaway.site.glob("fsdp_autopatch-*.dist-info"):
+    for dist_info in throwaway.site_packages.glob("fsdp_autopatch-*.dist-info"):
         (dist_info / "entry_points.txt").unlink()
-    add_distribution(throwaway.site, "torch", "2.13.0", {"torch/__init__.py": '__version__ = "2.13.0"\n'})
-    add_distribution(throwaway.site, "transformers", "4.55.2",
+    add_distribution(throwaway.site_packages, "torch", "2.13.0",
+                     {"torch/__init__.py": '__version__ = "2.13.0"\n'})
+    add_distribution(throwaway.site_packages, "transformers", "4.55.2",
                      {"transformers/__init__.py": '__version__ = "4.55.2"\n'})
     command = [str(throwaway.python), "-m", "fsdp_autopatch"]
     shown = run_cli("doctor", command=command)

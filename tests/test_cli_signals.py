@@ -60,11 +60,11 @@ def stand_in(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The python of an environment whose torch is the stand-in, with tests/programs/fake_process_group.py
     as its ``torch.distributed``."""
     throwaway = make_throwaway(tmp_path_factory.mktemp("stand-in") / "venv", installed)
-    fake_torch(throwaway.site)
-    distributed = throwaway.site / "torch" / "distributed"
+    fake_torch(throwaway.site_packages)
+    distributed = throwaway.site_packages / "torch" / "distributed"
     (distributed / "__init__.py").write_text(FAKE_PROCESS_GROUP.read_text(encoding="utf-8"))
     (distributed / "device_mesh.py").write_text("def init_device_mesh(*args, **kwargs):\n    return None\n")
-    fake_transformers(throwaway.site, '__version__ = "4.55.2"\n\n\nclass Qwen2Config:\n    pass\n')
+    fake_transformers(throwaway.site_packages, '__version__ = "4.55.2"\n\n\nclass Qwen2Config:\n    pass\n')
     return str(throwaway.python)
 
 

@@ -66,7 +66,7 @@ def test_doctor_from_a_checkout_beside_an_installation_says_which_it_is_reading(
     # The start-up file imports the installed package before -m puts the checkout on sys.path...
     armed = one_object(doctor_in(throwaway.python, checkout, "--json").stdout)
     assert armed["installation"] == "installed"
-    assert armed["installation_detail"] == f"installed in {throwaway.site}"
+    assert armed["installation_detail"] == f"installed in {throwaway.site_packages}"
     # ...unless the switch is off, which skips that import: then the checkout's sources are read.
     shown = doctor_in(throwaway.python, checkout, FSDP_AUTOPATCH="0")
     if sys.version_info >= (3, 15):
@@ -77,7 +77,7 @@ def test_doctor_from_a_checkout_beside_an_installation_says_which_it_is_reading(
     assert shown.returncode == 2, shown.stdout + shown.stderr
     assert shown.stdout.splitlines()[-1] == (
         f"CANNOT TELL: {checkout} is a source tree, not the installed fsdp-autopatch "
-        f"{throwaway.site / 'fsdp_autopatch'} (run from another directory)")
+        f"{throwaway.site_packages / 'fsdp_autopatch'} (run from another directory)")
     # From anywhere else, the same Python reads its installation.
     elsewhere = one_object(doctor_in(throwaway.python, tmp_path, "--json").stdout)
     assert elsewhere["installation"] == "installed"
@@ -103,14 +103,14 @@ def test_python_s_in_a_checkout_names_the_site_packages_it_hides(
 def test_an_editable_install_is_an_installation(tmp_path: Path) -> None:
     # pip install -e: the distribution points at the checkout, whose sources are the installed ones.
     checkout = checkout_copy(tmp_path / "clone")
-    site = tmp_path / "site"
-    dist_info = site / "fsdp_autopatch-0.2.0.dist-info"
+    site_packages = tmp_path / "site_packages"
+    dist_info = site_packages / "fsdp_autopatch-0.2.0.dist-info"
     dist_info.mkdir(parents=True)
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: fsdp-autopatch\nVersion: 0.2.0\n")
     (dist_info / "direct_url.json").write_text(
         f'{{"dir_info": {{"editable": true}}, "url": "{checkout.as_uri()}"}}')
     from importlib import metadata
 
-    (distribution,) = metadata.distributions(name="fsdp-autopatch", path=[str(site)])
+    (distribution,) = metadata.distributions(name="fsdp-autopatch", path=[str(site_packages)])
     assert _doctor.editable_directory(distribution) == checkout
-    assert _doctor.is_source_tree(checkout) and not _doctor.is_source_tree(site)
+    assert _doctor.is_source_tree(checkout) and not _doctor.is_source_tree(site_packages)

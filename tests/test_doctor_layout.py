@@ -352,8 +352,8 @@ def environment_with_torch(root: Path, installed: Path, torch_version: str, site
                      "torch/distributed/fsdp/_fully_shard/__init__.py"):
         files[relative] = ""
     files["torch/__init__.py"] = f'__version__ = "{torch_version}"\n'
-    add_distribution(throwaway.site, "torch", torch_version, files)
-    add_distribution(throwaway.site, "transformers", "4.55.2",
+    add_distribution(throwaway.site_packages, "torch", torch_version, files)
+    add_distribution(throwaway.site_packages, "transformers", "4.55.2",
                      {"transformers/__init__.py": '__version__ = "4.55.2"\n'})
     return str(throwaway.python)
 

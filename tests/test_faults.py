@@ -72,9 +72,9 @@ def test_package_half_removed(tmp_path: Path, installed: Path) -> None:
     interpreter must still start, and every import still work. (The package directory gone
     altogether is tests/test_startup.py's: Python 3.15 reports it.)"""
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
-    for path in (env.site / "fsdp_autopatch").iterdir():
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
+    for path in (env.site_packages / "fsdp_autopatch").iterdir():
         if path.is_dir():
             shutil.rmtree(path)
         elif path.name != "__init__.py":
@@ -92,10 +92,10 @@ def test_package_half_removed(tmp_path: Path, installed: Path) -> None:
 def test_wrapt_unusable_without_torch(tmp_path: Path, installed: Path, fault: str) -> None:
     env = make_throwaway(tmp_path / "venv", installed, wrapt=fault != "missing")
     if fault == "raising":
-        shutil.rmtree(env.site / "wrapt")
-        write_module(env.site, "wrapt", 'raise RuntimeError("wrapt is broken")\n')
-    fake_torch(env.site)
-    fake_transformers(env.site)
+        shutil.rmtree(env.site_packages / "wrapt")
+        write_module(env.site_packages, "wrapt", 'raise RuntimeError("wrapt is broken")\n')
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
     started = env.run()
     assert (started.returncode, started.stderr) == (0, "")
     # Only where the patch would have been installed: transformers alone (an inference worker)
@@ -147,8 +147,8 @@ BAD_VALUES = {
 def test_bad_mode_value(tmp_path: Path, installed: Path, value: str) -> None:
     """At start-up: silence. At the first torch/transformers import: at most one warning line."""
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
     marker = tmp_path / "marker"
     value = value.replace("{marker}", str(marker))
     started = env.run(FSDP_AUTOPATCH=value)
@@ -171,8 +171,8 @@ def test_log_variable_garbage(tmp_path: Path, installed: Path, value: str) -> No
     """One line names the accepted values, as for FSDP_AUTOPATCH; the log stays off. Without
     wrapt there is a warning to log, so a garbage value that turned logging on would show."""
     env = make_throwaway(tmp_path / "venv", installed, wrapt=False)
-    fake_torch(env.site)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
     started = env.run(FSDP_AUTOPATCH_LOG=value)
     assert (started.returncode, started.stderr) == (0, "")
     result = env.run("import torch.distributed.fsdp, transformers", FSDP_AUTOPATCH_LOG=value)
@@ -207,8 +207,8 @@ ARMED = (
 @pytest.mark.parametrize("flags", list(FLAG_CASES.values()), ids=list(FLAG_CASES))
 def test_interpreter_flags(tmp_path: Path, installed: Path, flags: list[str]) -> None:
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
     importtime = flags == ["-X", "importtime"]
 
     def own_output(stderr: str) -> list[str]:
@@ -255,14 +255,14 @@ def _as_plain_owner() -> list[str]:
 
 def test_read_only_site_packages(tmp_path: Path, installed: Path) -> None:
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
     # Without bytecode the interpreter would like to write some: it must quietly not.
-    for cache in list(env.site.rglob("__pycache__")):
+    for cache in list(env.site_packages.rglob("__pycache__")):
         shutil.rmtree(cache)
     prefix = _as_plain_owner()
-    before = _tree(env.site)
-    folders = [env.site, *[p for p in env.site.rglob("*") if p.is_dir()]]
+    before = _tree(env.site_packages)
+    folders = [env.site_packages, *[p for p in env.site_packages.rglob("*") if p.is_dir()]]
     for folder in folders:
         folder.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
     try:
@@ -277,7 +277,7 @@ def test_read_only_site_packages(tmp_path: Path, installed: Path) -> None:
     finally:
         for folder in folders:
             folder.chmod(0o755)
-    assert _tree(env.site) == before
+    assert _tree(env.site_packages) == before
 
 
 # --- what runs at start-up: the .pth line is parsed in tests/test_startup.py ------------------
@@ -294,18 +294,19 @@ def start_up_events(env: Throwaway, control: Optional[str] = None, **variables: 
     """Audit events from the first import line to the start-up file after ours, in a fresh
     interpreter of ``env``. ``control``, a stdlib entry point such as ``os:getpid``, is written
     where our start-up file sorts (``fsdp_autopatch.start`` on 3.15+, else a ``.pth`` import line)."""
-    shutil.copy2(PROGRAMS / "startup_audit.py", env.site / "_startup_audit.py")
-    (env.site / "00_startup_audit.pth").write_text("import _startup_audit\n")
+    shutil.copy2(PROGRAMS / "startup_audit.py", env.site_packages / "_startup_audit.py")
+    (env.site_packages / "00_startup_audit.pth").write_text("import _startup_audit\n")
     if START_FILES:  # after every import line, after fsdp_autopatch.start's entry point
-        (env.site / "zz_startup_audit.start").write_text("_startup_audit:stop\n")
+        (env.site_packages / "zz_startup_audit.start").write_text("_startup_audit:stop\n")
     else:
-        (env.site / "zz_startup_audit.pth").write_text("import _startup_audit; _startup_audit.stop()\n")
+        audit = env.site_packages / "zz_startup_audit.pth"
+        audit.write_text("import _startup_audit; _startup_audit.stop()\n")
     if control is not None:
         module, function = control.split(":")
         if START_FILES:
-            (env.site / "fsdp_autopatch.start").write_text(f"{control}\n")
+            (env.site_packages / "fsdp_autopatch.start").write_text(f"{control}\n")
         else:
-            (env.site / "fsdp_autopatch.pth").write_text(f"import {module}; {module}.{function}()\n")
+            (env.site_packages / "fsdp_autopatch.pth").write_text(f"import {module}; {module}.{function}()\n")
     code = "import json, _startup_audit; print(json.dumps(_startup_audit.events))"
     result = env.run(code, PYTHONDONTWRITEBYTECODE=None, **variables)
     assert (result.returncode, result.stderr) == (0, "")
@@ -336,7 +337,7 @@ def test_start_up_touches_only_its_own_files(
     besides what the interpreter touches to run any entry point (the control above)."""
     env = make_throwaway(tmp_path / "venv", installed)
     events = start_up_events(env, **variables)
-    ours = env.site / "fsdp_autopatch"
+    ours = env.site_packages / "fsdp_autopatch"
     imported = [index for index, (event, args) in enumerate(events)
                 if event == "import" and args[0] == "fsdp_autopatch"]
     assert imported, f"the audit hook did not see the package imported: the check would be blind ({events})"
@@ -354,12 +355,13 @@ def test_start_up_touches_only_its_own_files(
             # The interpreter may cache our bytecode; nothing else is ever opened for writing.
             writable = flags is not None and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
             allowed = ours / "__pycache__" if writable else ours
-            assert path == str(env.site / "fsdp_autopatch.pth") or Path(path).is_relative_to(allowed), args
+            pth = str(env.site_packages / "fsdp_autopatch.pth")
+            assert path == pth or Path(path).is_relative_to(allowed), args
         if event == "import":
             assert args[0] == "fsdp_autopatch", args
         if event == "os.listdir":
             # The import system looking for the package (site-packages) and its modules.
-            assert Path(args[0]) == env.site or Path(args[0]).is_relative_to(ours), args
+            assert Path(args[0]) == env.site_packages or Path(args[0]).is_relative_to(ours), args
 
 
 # --- import-time faults ------------------------------------------------------------------------
@@ -390,9 +392,10 @@ def test_package_raising_on_import(
     """The user's import fails exactly as it does with the package switched off."""
     raising, order = fault
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
-    write_module(env.site, raising, ('__version__ = "2.13.0"\n' if raising == "torch" else "") + error)
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
+    version = '__version__ = "2.13.0"\n' if raising == "torch" else ""
+    write_module(env.site_packages, raising, version + error)
     runs = {mode: env.run_program(TRY_IMPORTS, *order, FSDP_AUTOPATCH=mode) for mode in (None, OFF)}
     for run in runs.values():
         assert (run.returncode, run.stderr) == (0, "")
@@ -420,8 +423,8 @@ def test_package_raising_on_import(
 def test_fork_while_another_thread_hands_over(tmp_path: Path, installed: Path) -> None:
     """A child forked while a thread of the parent holds the watcher's lock arms on its own."""
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
     result = env.run_program(PROGRAMS / "fork_during_hand_over.py")
     assert result.returncode == 0, result.stderr
     assert json_lines(result.stdout) == [{"child": 0, "parent_armed": True}], result.stderr
@@ -435,8 +438,8 @@ def test_arming_never_under_the_import_lock(tmp_path: Path, installed: Path, kin
     cannot be replaced arms at the next import: never inside ``find_spec``, where the global
     import lock is held and importing wrapt could deadlock against another importing thread."""
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
     runs = {mode: env.run_program(PROGRAMS / "stand_in_loader.py", kind, FSDP_AUTOPATCH=mode)
             for mode in (None, OFF)}
     for run in runs.values():
@@ -461,8 +464,8 @@ def test_arming_never_under_the_import_lock(tmp_path: Path, installed: Path, kin
 def test_bad_mode_value_without_stderr(tmp_path: Path, installed: Path) -> None:
     """No stderr to warn on (pythonw): the hand-over still registers every hook."""
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
     result = env.run_program(PROGRAMS / "no_stderr.py", FSDP_AUTOPATCH="garbage")
     assert (result.returncode, result.stderr) == (0, "")
     (report,) = json_lines(result.stdout)

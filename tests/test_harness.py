@@ -41,7 +41,7 @@ def test_paths_are_made_portable(tmp_path: Path) -> None:
     in_checkout = checkout / "tests" / ".nox" / "tests" / "bin" / "python"
     assert portable_path(str(in_checkout), checkout) == "tests/.nox/tests/bin/python"
     assert portable_path(str(venv.python), checkout) == ".venv/bin/python"
-    assert portable_path(str(venv.site / "fsdp_autopatch"), checkout).startswith(".venv/lib/python3")
+    assert portable_path(str(venv.site_packages / "fsdp_autopatch"), checkout).startswith(".venv/lib/python3")
     # Another machine's venv, known only by its shape; and a path that is in no venv.
     assert portable_path("/srv/ci/envs/t213/bin/python3", checkout) == ".venv/bin/python3"
     assert portable_path(sys.base_prefix + "/no/such/file", checkout) == "file"
@@ -50,9 +50,9 @@ def test_paths_are_made_portable(tmp_path: Path) -> None:
                "--results=/srv/results/run1"]
     assert (portable_command(command, checkout)
             == "python benchmarks/run.py --python .venv/bin/python --results=run1")
-    site = venv.site.relative_to(venv.root).as_posix()
-    captured = f"  package  {venv.site}/fsdp_autopatch\n  python 3.11.7 ({venv.python})\n"
-    assert portable_text(captured, checkout) == (f"  package  .venv/{site}/fsdp_autopatch\n"
+    site_packages = venv.site_packages.relative_to(venv.root).as_posix()
+    captured = f"  package  {venv.site_packages}/fsdp_autopatch\n  python 3.11.7 ({venv.python})\n"
+    assert portable_text(captured, checkout) == (f"  package  .venv/{site_packages}/fsdp_autopatch\n"
                                                  "  python 3.11.7 (.venv/bin/python)\n")
     # A checkout's path with a space and non-ASCII letters, as a stranger's may be.
     spaced = tmp_path / "déjà vu" / "fsdp-autopatch"

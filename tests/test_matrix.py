@@ -110,8 +110,8 @@ def test_every_fsdp2_torch_in_the_rows_is_affected_and_only_a_release_with_torch
     classes itself is fixed, and none up to 2.15 is (the fix promised for 2.9 never shipped)."""
     made_up_releases.add_rows(release, monkeypatch.setattr)
     fsdp2 = [row for row in _matrix.TORCH_ROWS if row.first >= (2, 4)]
-    assert fsdp2 and all(row.affected for row in fsdp2)
-    assert not any(row.affected or row.fixed for row in _matrix.TORCH_ROWS if row not in fsdp2)
+    assert fsdp2 and all(row.has_fsdp2 for row in fsdp2)
+    assert not any(row.has_fsdp2 or row.fixed for row in _matrix.TORCH_ROWS if row not in fsdp2)
     assert not any(row.fixed for row in fsdp2 if row.first <= (2, 15))
     # Once fixed, fixed: a later release that brings the bug back is a finding of its own.
     fixed = [row.fixed for row in fsdp2]
@@ -124,15 +124,15 @@ def test_every_api_has_its_evidence_in_the_record(
 ) -> None:
     made_up_releases.add_rows(release, monkeypatch.setattr, version_table)
     assert [site.api for site in version_table.SITE_EVIDENCE] == list(_sites.APIS)
-    assert _matrix.AFFECTED_TRANSFORMERS == "4.54.0-4.55.2"
+    assert _matrix.ABC_HEADS_TRANSFORMERS == "4.54.0-4.55.2"
 
 
-AFFECTED_TRANSFORMERS = next(row for row in _matrix.TRANSFORMERS_ROWS if row.affected)
-UNAFFECTED_TRANSFORMERS = [row for row in _matrix.TRANSFORMERS_ROWS if not row.affected]
+AFFECTED_TRANSFORMERS = next(row for row in _matrix.TRANSFORMERS_ROWS if row.abc_heads)
+UNAFFECTED_TRANSFORMERS = [row for row in _matrix.TRANSFORMERS_ROWS if not row.abc_heads]
 # The newest torch with the bug: a newer one may have torch's fix.
-LAST_TORCH = next(row for row in reversed(_matrix.TORCH_ROWS) if row.affected and not row.fixed)
-BUGGY_PYTHON = next(row for row in _matrix.PYTHON_ROWS if row.affected)
-FIXED_PYTHON = next(row for row in _matrix.PYTHON_ROWS if not row.affected)
+LAST_TORCH = next(row for row in reversed(_matrix.TORCH_ROWS) if row.has_fsdp2 and not row.fixed)
+BUGGY_PYTHON = next(row for row in _matrix.PYTHON_ROWS if row.refuses_abc_swap)
+FIXED_PYTHON = next(row for row in _matrix.PYTHON_ROWS if not row.refuses_abc_swap)
 TORCH = text(LAST_TORCH.first) + ".0"
 TRANSFORMERS = text(AFFECTED_TRANSFORMERS.first)
 NEWER_TORCH = text(version_table.first_release_after(_matrix.TORCH_ROWS)) + ".0"
@@ -143,12 +143,12 @@ BUGGY_PYTHON_VERSION = before(BUGGY_PYTHON.end) + ".1"
 def decide(mode: str = _config.AUTO, torch: Optional[str] = TORCH,
            transformers: Optional[str] = TRANSFORMERS, probe: Optional[bool] = None,
            python: str = BUGGY_PYTHON_VERSION) -> _matrix.Decision:
-    return _matrix.decide(mode, torch, transformers, lambda: probe, python)
+    return _matrix.decide(mode, torch, transformers, probe, python)
 
 
 def test_affected_pair_is_patched_by_the_matrix_when_no_probe_can_tell() -> None:
     decision = decide()
-    assert decision.apply and decision.in_matrix is True and decision.decided_by == _matrix.MATRIX
+    assert decision.apply and decision.in_matrix is True and decision.decided_by == _matrix.DECIDED_BY_MATRIX
     assert f"torch {TORCH} with transformers {TRANSFORMERS}" in decision.reason
     assert "version matrix" in decision.reason
 
@@ -157,7 +157,7 @@ def test_affected_pair_is_patched_by_the_matrix_when_no_probe_can_tell() -> None
 @pytest.mark.parametrize("torch", [TORCH, NEWER_TORCH])
 def test_the_probe_decides_when_it_can_tell(refused: bool, torch: str) -> None:
     decision = decide(torch=torch, probe=refused)
-    assert decision.apply is refused and decision.decided_by == _matrix.PROBE
+    assert decision.apply is refused and decision.decided_by == _matrix.DECIDED_BY_PROBE
     assert "(probed)" in decision.reason and "CPython" in decision.reason
     # The rows keep their own answer, so doctor and the matrix run can compare.
     assert decision.in_matrix is (True if torch == TORCH else None)
@@ -167,11 +167,11 @@ def test_python_that_accepts_the_swap_stands_aside() -> None:
     """The transformers heads on a CPython that accepts torch's class: nothing to patch."""
     python = text(FIXED_PYTHON.first) + ".2"
     probed = decide(probe=False, python=python)
-    assert not probed.apply and probed.decided_by == _matrix.PROBE and probed.in_matrix is False
+    assert not probed.apply and probed.decided_by == _matrix.DECIDED_BY_PROBE and probed.in_matrix is False
     assert probed.reason == (f"CPython {python} accepts torch {TORCH}'s wrapper classes for ABC modules "
                              "(probed): nothing to patch")
     by_rows = decide(python=python)
-    assert not by_rows.apply and by_rows.decided_by == _matrix.MATRIX and by_rows.in_matrix is False
+    assert (by_rows.apply, by_rows.decided_by, by_rows.in_matrix) == (False, _matrix.DECIDED_BY_MATRIX, False)
     assert f"CPython {python} accepts" in by_rows.reason
     # Named once, even where the row's evidence was measured on that very CPython.
     assert by_rows.reason.count(python) == 1, by_rows.reason
@@ -184,7 +184,7 @@ def test_unaffected_transformers_is_left_alone_unless_forced(row: _matrix.Row) -
     transformers = text(row.first if row.first != (0,) else (4, 53, 3))
     assert not decide(transformers=transformers, probe=True).apply
     assert decide(transformers=transformers).in_matrix is False
-    assert decide(transformers=transformers).decided_by == _matrix.MATRIX
+    assert decide(transformers=transformers).decided_by == _matrix.DECIDED_BY_MATRIX
     assert decide(_config.FORCE, transformers=transformers).apply
 
 
@@ -210,16 +210,11 @@ def test_torch_newer_than_the_rows_without_a_probe_is_left_alone() -> None:
     assert "FSDP_AUTOPATCH=force" in decision.reason
 
 
-def test_the_probe_runs_inside_the_rows_too() -> None:
+def test_the_probes_answer_decides_inside_the_rows_too() -> None:
     """Behaviour decides: a torch in the rows whose classes CPython accepts is left alone."""
-    calls = []
-
-    def probe() -> bool:
-        calls.append(1)
-        return False
-
-    assert not _matrix.decide(_config.AUTO, TORCH, TRANSFORMERS, probe).apply
-    assert calls == [1]
+    decision = _matrix.decide(_config.AUTO, TORCH, TRANSFORMERS, probed=False)
+    assert not decision.apply and decision.in_matrix is True
+    assert decision.decided_by == _matrix.DECIDED_BY_PROBE
 
 
 def test_default_python_is_the_running_interpreter() -> None:
@@ -284,7 +279,7 @@ def test_a_release_torch_fixed_is_no_bug_by_the_rows(monkeypatch: pytest.MonkeyP
     assert fixed is release.row and fixed.fixed and not before.fixed
     torch = text(fixed.first) + ".0"
     by_rows = decide(torch=torch)
-    assert (by_rows.apply, by_rows.in_matrix, by_rows.decided_by) == (False, False, _matrix.MATRIX)
+    assert (by_rows.apply, by_rows.in_matrix, by_rows.decided_by) == (False, False, _matrix.DECIDED_BY_MATRIX)
     cpython = _matrix.interpreter(BUGGY_PYTHON_VERSION)
     assert by_rows.reason == (f"torch {torch} builds wrapper classes {cpython} accepts for ABC modules "
                               f"itself (version matrix: {fixed.evidence}): nothing to patch")

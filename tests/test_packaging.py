@@ -26,8 +26,8 @@ HOME = "https://github.com/fsdp-autopatch/fsdp-autopatch"
 # What a reader of the sdist needs besides the package: the tests, the docs and the fix torch needs.
 # hatch_build.py: the build hook a wheel built from the sdist needs.
 SDIST_DOCS = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "SECURITY.md", "LICENSE", "hatch_build.py",
-              "benchmarks/README.md", "tests/noxfile.py", "upstream/README.md", "upstream/torch.patch",
-              "upstream/test_wrapper_cls.py", "upstream/make_patch.py", "upstream/lint.py",
+              "benchmarks/README.md", "tests/noxfile.py", "upstream/README.md", "upstream/torch.diff",
+              "upstream/test_wrapper_cls.py", "upstream/make_diff.py", "upstream/lint.py",
               "tests/conftest.py", "tests/harness.py", "benchmarks/run.py", "benchmarks/results/results.md",
               *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md")))
 # Generated dumps: their tables are in the docs, their raw data stays with whoever ran them.
@@ -57,7 +57,7 @@ def test_start_up_files_sit_at_the_root_of_site_packages(installed: Path) -> Non
     assert scripts == {"fsdp-autopatch": "fsdp_autopatch._cli:main"}
     # torch's plugin route: one entry point, in a module of its own at the root.
     plugins = {ep.name: ep.value for ep in entry_points if ep.group == "torch.backends"}
-    assert plugins == {"fsdp_autopatch": "_fsdp_autopatch_plugin:arm"}
+    assert plugins == {"fsdp_autopatch": "_fsdp_autopatch_plugin:autoload"}
 
 
 @pytest.mark.slow
@@ -66,13 +66,13 @@ def test_editable_install_arms_and_uninstalls_cleanly(tmp_path: Path) -> None:
     pip = [python, "-m", "pip", "--disable-pip-version-check", "--quiet"]
     subprocess.run([*pip, "install", "-e", str(ROOT)], check=True, timeout=600, env=environment())
     purelib = run_python("import sysconfig; print(sysconfig.get_paths()['purelib'])", python=python)
-    site = Path(purelib.stdout.strip())
-    assert {"fsdp_autopatch.pth", "fsdp_autopatch.start"} <= {p.name for p in site.iterdir()}
+    site_packages = Path(purelib.stdout.strip())
+    assert {"fsdp_autopatch.pth", "fsdp_autopatch.start"} <= {p.name for p in site_packages.iterdir()}
     armed = run_python("import sys; print(type(sys.meta_path[0]).__name__)", python=python)
     assert (armed.stdout, armed.stderr) == ("FirstImportWatcher\n", "")
 
     subprocess.run([*pip, "uninstall", "--yes", DISTRIBUTION], check=True, timeout=600, env=environment())
-    assert not [p.name for p in site.iterdir() if "fsdp" in p.name.lower()]
+    assert not [p.name for p in site_packages.iterdir() if "fsdp" in p.name.lower()]
     after = run_python("import sys; print(sorted(m for m in sys.modules if 'fsdp' in m))", python=python)
     assert (after.stdout, after.stderr) == ("[]\n", "")
 

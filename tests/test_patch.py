@@ -21,15 +21,15 @@ from typing import Any, Iterator
 import pytest
 from conftest import PROGRAMS
 
-from fsdp_autopatch import _layout, _patch, _sites
+from fsdp_autopatch import _classes, _patch, _sites
 
 
-def record(index: int) -> _patch.ClassRecord:
-    return _patch.ClassRecord(f"Block{index}", "user.model", "site", f"FSDPBlock{index}", "torch")
+def record(index: int) -> _classes.ClassRecord:
+    return _classes.ClassRecord(f"Block{index}", "user.model", "site", f"FSDPBlock{index}", "torch")
 
 
 def test_class_records_keep_the_first_ones_and_count_all_from_many_threads() -> None:
-    records = _patch.ClassRecords(limit=10)
+    records = _classes.ClassRecords(limit=10)
     start = threading.Barrier(8)
 
     def add(thread: int) -> None:
@@ -231,7 +231,7 @@ def test_a_class_cpython_refuses_gets_one_compatible_class_that_it_accepts(
     module = patched.module
     name = f"W{cls.__name__}"
     # As torch builds it:
-    upstream = _layout.called_from(module.__name__, type)(name, (module.Wrapper, cls), {})
+    upstream = _classes.called_from(module.__name__, type)(name, (module.Wrapper, cls), {})
     built = module.wrap(object.__new__(cls))
     if not refused(cls, upstream):
         # This CPython accepts torch's class (3.15 and the ABC case): the stand-in stands aside.
@@ -246,8 +246,8 @@ def test_a_class_cpython_refuses_gets_one_compatible_class_that_it_accepts(
     # Named after torch's module, or after ABCMeta's, whose own __new__ calls type's, as torch's is.
     assert built.__name__ == name and built.__module__ == upstream.__module__
     site = f"{module.__name__}.wrap"
-    kept = [r for r in _patch.classes.snapshot()[0] if r.name == cls.__qualname__ and r.site == site]
-    assert [(r.outcome, r.parent) for r in kept] == [(_layout.COMPATIBLE, parent)]
+    kept = [r for r in _classes.records.snapshot()[0] if r.name == cls.__qualname__ and r.site == site]
+    assert [(r.outcome, r.parent) for r in kept] == [(_classes.COMPATIBLE, parent)]
 
 
 def wrapped_classes_die(module: types.ModuleType, cls_body: str) -> list[bool]:
@@ -377,7 +377,7 @@ def test_threads_racing_on_one_class_get_a_class_each_and_one_record(patched: _p
         assert all(c.__bases__[0] is not patched.module.Wrapper for c in classes)
     else:  # 3.15 accepts torch's class
         assert all(c.__bases__[0] is patched.module.Wrapper for c in classes)
-    records = [r for r in _patch.classes.snapshot()[0] if r.name.endswith("RacingHead")]
+    records = [r for r in _classes.records.snapshot()[0] if r.name.endswith("RacingHead")]
     assert len(records) == 1
 
 

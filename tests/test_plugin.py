@@ -139,8 +139,8 @@ print(json.dumps({"armed_by": getattr(fsdp_autopatch, "armed_by", None)}))
 def throwaway_with_plugins(tmp_path: Path, installed: Path, **parts: bool) -> Any:
     """A throwaway venv without start-up files, holding a fake torch that calls its plugins."""
     env = make_throwaway(tmp_path / "venv", installed, pth=False, **parts)
-    fake_torch(env.site, plugins=True)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages, plugins=True)
+    fake_transformers(env.site_packages)
     return env
 
 
@@ -164,9 +164,9 @@ def test_import_torch_survives_every_fault_of_the_plugin_route(
     env = throwaway_with_plugins(tmp_path, installed, package=fault != "package removed",
                                  wrapt=fault != "wrapt missing")
     if fault == "package raises":
-        init = env.site / "fsdp_autopatch" / "__init__.py"
+        init = env.site_packages / "fsdp_autopatch" / "__init__.py"
         init.write_text('raise ImportError("a broken install")\n' + init.read_text())
-        shutil.rmtree(env.site / "fsdp_autopatch" / "__pycache__", ignore_errors=True)
+        shutil.rmtree(env.site_packages / "fsdp_autopatch" / "__pycache__", ignore_errors=True)
     variables = {"FSDP_AUTOPATCH": "yes please"} if fault == "junk switch" else {}
     code = "import torch, torch.distributed.fsdp; print('ok')"
     result = env.run(code, **variables)
@@ -195,6 +195,6 @@ def test_a_plugin_module_left_without_its_package_keeps_import_torch_working(
     """Half removed by hand: the dist-info (with the entry point) and the plugin's module left."""
     env = throwaway_with_plugins(tmp_path, installed, package=False)
     (dist_info,) = installed.glob("fsdp_autopatch-*.dist-info")
-    shutil.copytree(dist_info, env.site / dist_info.name)
-    assert (env.site / PLUGIN_MODULE).is_file()
+    shutil.copytree(dist_info, env.site_packages / dist_info.name)
+    assert (env.site_packages / PLUGIN_MODULE).is_file()
     assert_import_torch_works(env.run("import torch"))

@@ -125,7 +125,7 @@ def test_the_readme_commands_run_as_printed(
         f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
         "from harness import make_venv\n"
         "venv = make_venv(Path(sys.argv[1]))\n"
-        f"(venv.site / 'zz-readme-test-lent.pth').write_text({str(lent)!r} + '\\n')\n"
+        f"(venv.site_packages / 'zz-readme-test-lent.pth').write_text({str(lent)!r} + '\\n')\n"
     )
     clone = (f"git clone --quiet {shlex.quote(str(ROOT))} fsdp-autopatch && "
              f"python3 {shlex.quote(str(prepare))} fsdp-autopatch/.venv")

@@ -278,18 +278,18 @@ def run_made_up(tmp_path: Path, installed: Path, release: made_up_releases.MadeU
     release's rows in the package's tables from interpreter start, as if they were in its source:
     a ``.pth`` file the site module reads before fsdp_autopatch.pth (it reads them in sorted order)."""
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site, version=version or release.torch)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages, version=version or release.torch)
+    fake_transformers(env.site_packages)
     if files is None:
-        made_up_releases.lay_over(env.site, release)
+        made_up_releases.lay_over(env.site_packages, release)
     for file in files or ():  # "<release>/torch/...": that release's module, in the stand-in
-        shutil.copy2(made_up_releases.MADE_UP / file, env.site / file.split("/", 1)[1])
-    (env.site / "_made_up_release.pth").write_text(
+        shutil.copy2(made_up_releases.MADE_UP / file, env.site_packages / file.split("/", 1)[1])
+    (env.site_packages / "_made_up_release.pth").write_text(
         f"{PROGRAMS}\nimport made_up_releases; made_up_releases.add_rows_at_start({release.torch!r})\n")
     result = env.run_program(PROGRAMS / "made_up_run.py", release.torch)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     (report,) = json_lines(result.stdout)
-    report["torch"] = env.site / "torch"
+    report["torch"] = env.site_packages / "torch"
     return report
 
 
@@ -355,7 +355,7 @@ def test_a_release_that_adds_an_api_in_a_new_module_is_its_label_its_row_and_its
 def test_a_release_that_fixes_the_bug_at_every_site_is_left_to_torch(
     tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Made-up torch 2.18 calls torch's fix (upstream/torch.patch's make_wrapper_cls) in every
+    """Made-up torch 2.18 calls torch's fix (upstream/torch.diff's make_wrapper_cls) in every
     builder: a row with torch's fix for each wrapper whose builder had none (composable DDP's,
     which has one since 2.13, needs none) and its torch row fixed. The probe finds torch building
     accepted classes at every site, nothing of torch's is patched, and the rows agree: not in the

@@ -51,8 +51,8 @@ pytestmark = linux_only
 def speaking(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> Throwaway:
     """An environment with the package, the stand-in torch and transformers, and no wrapt."""
     throwaway = make_throwaway(tmp_path_factory.mktemp("speaking") / "venv", installed, wrapt=False)
-    fake_torch(throwaway.site)
-    fake_transformers(throwaway.site)
+    fake_torch(throwaway.site_packages)
+    fake_transformers(throwaway.site_packages)
     return throwaway
 
 

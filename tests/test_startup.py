@@ -184,8 +184,8 @@ def test_a_finder_that_asks_every_finder_imports_as_without_the_package(
     tmp_path: Path, installed: Path, position: str, imports: str
 ) -> None:
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
     for mode in (None, "force", "0"):
         result = env.run_program(STATE, "--finder", position, spec_of(imports), FSDP_AUTOPATCH=mode)
         state = state_of(result)  # no RecursionError, nothing on stderr
@@ -204,8 +204,8 @@ def test_only_fsdp2_or_transformers_arms(tmp_path: Path, installed: Path, import
     """torch alone leaves the watcher waiting and loads nothing; an FSDP2 or composable DDP module
     arms; so does transformers, in auto mode (force needs torch's module only)."""
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
     state = state_of(env.run_program(STATE, spec_of(imports), FSDP_AUTOPATCH=mode))
     arms = imports in fsdp_autopatch.TORCH_MODULES or (imports == "transformers" and mode == "auto")
     if arms:
@@ -268,9 +268,9 @@ def test_start_up_entry_runs_once(tmp_path: Path, installed: Path) -> None:
     """3.15+: the .start entry point runs once, the .pth import line is suppressed. Before: the
     .pth line runs on every pass over site-packages, and arm() arms once."""
     env = make_throwaway(tmp_path / "venv", installed)
-    shutil.copy2(COUNTER_MODULE, env.site / "_arm_counter.py")
+    shutil.copy2(COUNTER_MODULE, env.site_packages / "_arm_counter.py")
     for name, line in COUNTERS.items():
-        (env.site / name).write_text(line)
+        (env.site_packages / name).write_text(line)
     result = env.run_program(PROGRAMS / "arm_counted.py")
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
     (counted,) = json_lines(result.stdout)
@@ -288,8 +288,8 @@ def test_off_switch(tmp_path: Path, installed: Path, value: str) -> None:
     .pth line keeps the package out altogether; a .start entry point is imported regardless, so
     on 3.15+ the start-up module is loaded (and does nothing)."""
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
     expected = ({"ours": ["fsdp_autopatch"], "armed": False, "watchers": []} if START_FILES
                 else {"ours": [], "armed": None, "watchers": []})
     assert state_of(env.run_program(STATE, FSDP_AUTOPATCH=value)) == expected
@@ -304,9 +304,9 @@ def test_half_removed_install(tmp_path: Path, installed: Path, variables: dict[s
     runs the program. Before 3.15 the .pth line's try/except keeps it silent; on 3.15+ CPython
     itself reports the .start entry point it cannot import, on stderr, at every start."""
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
-    fake_transformers(env.site)
-    shutil.rmtree(env.site / "fsdp_autopatch")
+    fake_torch(env.site_packages)
+    fake_transformers(env.site_packages)
+    shutil.rmtree(env.site_packages / "fsdp_autopatch")
     for code, output in (("pass", ""), ("import torch.distributed.fsdp, transformers; print('ok')", "ok\n")):
         result = env.run(code, **variables)
         assert (result.returncode, result.stdout) == (0, output), result.stderr
@@ -320,7 +320,7 @@ def test_a_spec_found_before_a_watched_import_pickles_and_copies_as_without_the_
     tmp_path: Path, installed: Path
 ) -> None:
     env = make_throwaway(tmp_path / "venv", installed)
-    fake_torch(env.site)
+    fake_torch(env.site_packages)
     runs = {mode: env.run_program(PROGRAMS / "spec_copies.py", FSDP_AUTOPATCH=mode)
             for mode in (None, "0")}
     reports = [state_of(run) for run in runs.values()]

@@ -63,7 +63,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Wheels:
 @dataclass(frozen=True)
 class Environment:
     python: Path
-    site: Path
+    site_packages: Path
     scripts: Path
 
     @property
@@ -90,19 +90,19 @@ class Environment:
 @pytest.fixture
 def target(tmp_path: Path) -> Environment:
     venv = make_venv(tmp_path / "venv")
-    return Environment(venv.python, venv.site, venv.scripts)
+    return Environment(venv.python, venv.site_packages, venv.scripts)
 
 
-def ours(site: Path) -> list[str]:
+def ours(site_packages: Path) -> list[str]:
     """What the package put at the root of site-packages: itself, its dist-info, its start-up
     files and the module of torch's plugin entry point."""
-    return sorted(path.name for path in site.iterdir()
+    return sorted(path.name for path in site_packages.iterdir()
                   if path.name.lower().lstrip("_").startswith("fsdp_autopatch"))
 
 
-def start_up_lines(site: Path) -> list[str]:
+def start_up_lines(site_packages: Path) -> list[str]:
     """Every line of every .pth in site-packages that would import this package."""
-    return [f"{pth.name}: {line}" for pth in sorted(site.glob("*.pth"))
+    return [f"{pth.name}: {line}" for pth in sorted(site_packages.glob("*.pth"))
             for line in pth.read_text().splitlines() if "fsdp_autopatch" in line]
 
 
@@ -116,30 +116,30 @@ PROBES = {
 
 def started(env: Environment) -> dict[str, object]:
     """What a new interpreter of ``env`` shows about the start-up code."""
-    shutil.copy2(COUNTER_MODULE, env.site / "_startup_counter.py")
+    shutil.copy2(COUNTER_MODULE, env.site_packages / "_startup_counter.py")
     for name, line in PROBES.items():
-        (env.site / name).write_text(line)
+        (env.site_packages / name).write_text(line)
     try:
         result = run_program(PROGRAMS / "startup_report.py", python=str(env.python),
                              check=False)
     finally:
         for name in ("_startup_counter.py", *PROBES):
-            (env.site / name).unlink()
+            (env.site_packages / name).unlink()
     assert (result.returncode, result.stderr) == (0, "")
     (report,) = json_lines(result.stdout)
     return report
 
 
 def assert_installed_once(env: Environment, version: str) -> None:
-    assert ours(env.site) == ["_fsdp_autopatch_plugin.py", "fsdp_autopatch",
+    assert ours(env.site_packages) == ["_fsdp_autopatch_plugin.py", "fsdp_autopatch",
                               f"fsdp_autopatch-{version}.dist-info",
                               "fsdp_autopatch.pth", "fsdp_autopatch.start"]
-    assert len(start_up_lines(env.site)) == 1, start_up_lines(env.site)
+    assert len(start_up_lines(env.site_packages)) == 1, start_up_lines(env.site_packages)
     report = started(env)
     assert report["version"] == version
     assert report["passes"] >= 1 and report["runs"] == report["passes"], report
     assert report["watchers"] == 1, report
-    assert str(report["file"]).startswith(str(env.site))
+    assert str(report["file"]).startswith(str(env.site_packages))
 
 
 def test_reinstall_and_upgrade_keep_one_start_up_line(target: Environment, wheels: Wheels) -> None:
@@ -156,7 +156,7 @@ def test_reinstall_and_upgrade_keep_one_start_up_line(target: Environment, wheel
 
 def test_uninstall_leaves_nothing(target: Environment, wheels: Wheels) -> None:
     # Stands for the rest of an environment: pip removes a directory it leaves empty.
-    (target.site / "other_package.py").write_text("")
+    (target.site_packages / "other_package.py").write_text("")
     before = target.tree()
     target.pip("install", str(wheels.current))
     # Load every module once, so the interpreter has had its chance to leave bytecode behind.
@@ -166,7 +166,7 @@ def test_uninstall_leaves_nothing(target: Environment, wheels: Wheels) -> None:
     assert loaded.returncode == 0, loaded.stderr
     target.pip("uninstall", "--yes", "fsdp-autopatch")
     after = target.tree()
-    assert ours(target.site) == []
+    assert ours(target.site_packages) == []
     assert [path for path in after if "fsdp" in path.lower()] == []
     assert after == before
     # A new interpreter imports nothing of ours, and says nothing.

@@ -1,4 +1,4 @@
-"""upstream/torch.patch, the fix torch needs with its test, applied to a copy of the installed torch:
+"""upstream/torch.diff, the fix torch needs with its test, applied to a copy of the installed torch:
 proven on real torch and transformers, beside the same runs on the unpatched torch (CI's tier).
 
 The copy lives in a throwaway directory put ahead of site-packages on ``PYTHONPATH``: every file
@@ -31,7 +31,7 @@ from fsdp_autopatch import _sites, _verify
 pytestmark = [pytest.mark.slow, pytest.mark.ci_tier]
 
 UPSTREAM = ROOT / "upstream"
-PATCH = UPSTREAM / "torch.patch"
+PATCH = UPSTREAM / "torch.diff"
 TORCH_STYLE_TEST = UPSTREAM / "test_wrapper_cls.py"
 RUN = ROOT / "tests" / "programs" / "upstream_run.py"
 # The models whose class needs the fix; every other one must get torch's own class.

@@ -624,14 +624,14 @@ def test_a_shadowed_method_is_a_plain_method_on_the_built_class() -> None:
 
 
 def test_torch_patch_adds_this_module_character_for_character() -> None:
-    """upstream/torch.patch is what upstream/make_patch.py writes from fsdp_autopatch/_wrapper_cls.py."""
-    generator = ROOT / "upstream" / "make_patch.py"
+    """upstream/torch.diff is what upstream/make_diff.py writes from fsdp_autopatch/_wrapper_cls.py."""
+    generator = ROOT / "upstream" / "make_diff.py"
     if not generator.is_file():
         pytest.skip("upstream/ is not here (an installed wheel's tests): the checkout has it")
     result = subprocess.run([sys.executable, str(generator), "--check"], capture_output=True, text=True,
                             check=False)
     assert result.returncode == 0, result.stderr
-    patch = (ROOT / "upstream" / "torch.patch").read_text(encoding="utf-8")
+    patch = (ROOT / "upstream" / "torch.diff").read_text(encoding="utf-8")
     added = [line[1:] for line in _new_file_hunk(patch)]
     source = (ROOT / "fsdp_autopatch" / "_wrapper_cls.py").read_text(encoding="utf-8")
     assert "".join(added) == source

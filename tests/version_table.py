@@ -129,8 +129,14 @@ def versions(row: _matrix.Row) -> str:
 
 
 def bug(row: _matrix.Row) -> str:
-    """How the table answers "is the bug here?" for a row."""
-    return "no: torch's fix" if row.fixed else "yes" if row.affected else "no"
+    """How the table answers "is the bug here?" for a row: a torch with FSDP2 (and no fix of its
+    own), a transformers with ABC heads, a CPython that refuses the ABC swap."""
+    if isinstance(row, _matrix.TorchRow):
+        return "no: torch's fix" if row.fixed else "yes" if row.has_fsdp2 else "no"
+    if isinstance(row, _matrix.TransformersRow):
+        return "yes" if row.abc_heads else "no"
+    assert isinstance(row, _matrix.PythonRow)
+    return "yes" if row.refuses_abc_swap else "no"
 
 
 def render() -> str:
@@ -154,7 +160,7 @@ def render() -> str:
     fixed_apis = ", ".join(api for api in _sites.APIS if any(site.fixed for site in _sites.sites_of(api)))
     fixed = [release_text(row.first) for row in _matrix.TORCH_ROWS if row.fixed]
     released = f"first released in torch {fixed[0]}" if fixed else "in no release yet"
-    lines += ["", f"torch's own fix ([upstream/torch.patch](../upstream/README.md), {released}): the "
+    lines += ["", f"torch's own fix ([upstream/torch.diff](../upstream/README.md), {released}): the "
               f"builders of {fixed_apis} call `{', '.join(fixes)}` (this package's "
               "`fsdp_autopatch/_wrapper_cls.py`) in place of `type`; it builds a class CPython accepts. "
               "Where a torch has it, the probe finds no bug at any site and the package stands aside."]

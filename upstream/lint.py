@@ -1,4 +1,4 @@
-"""Lints what upstream/torch.patch adds to torch with torch's own settings: ruff, ruff's formatter
+"""Lints what upstream/torch.diff adds to torch with torch's own settings: ruff, ruff's formatter
 and usort, on the files the patch touches and on its test, at the paths they have in torch.
 
     pip install $(python upstream/lint.py --requirements)
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PATCH = ROOT / "upstream" / "torch.patch"
+PATCH = ROOT / "upstream" / "torch.diff"
 # Each file of the pull request, by its path in torch, and where this project keeps it (None: the
 # installed torch's, patched).
 FILES = {

@@ -12,7 +12,7 @@ import threading
 import site_stand_in as module
 
 import fsdp_autopatch
-from fsdp_autopatch import _hooks, _patch, _sites
+from fsdp_autopatch import _classes, _hooks, _patch, _sites
 
 fsdp_autopatch.register_fork_handler()  # as arm() does at start-up
 
@@ -27,7 +27,7 @@ held, release = threading.Event(), threading.Event()
 
 
 def hold() -> None:
-    with _hooks._lock, _patch._lock, _patch.classes._lock:
+    with _hooks._lock, _patch._lock, _classes.records._lock:
         held.set()
         release.wait()
 

@@ -5,7 +5,7 @@
   calls it.
 - 2.17 adds an API in a new module, ``torch.distributed._composable.pipeline_wrap``, which swaps a
   module's class the same way: its label in ``APIS``, its ``Site`` row, its module watched.
-- 2.18 fixes the bug at every site (``upstream/torch.patch``'s ``make_wrapper_cls``, called by
+- 2.18 fixes the bug at every site (``upstream/torch.diff``'s ``make_wrapper_cls``, called by
   every builder): a row with torch's fix for each API whose builder has none yet (composable
   DDP's, which did not move, has one since 2.13), and its torch row ``fixed``.
 
@@ -50,7 +50,7 @@ class MadeUpRelease:
 
     torch: str  # its version
     sites: tuple[Site, ...]  # its Site rows
-    row: _matrix.Row  # its _torch row
+    row: _matrix.TorchRow  # its _torch row
     previous: Optional[MadeUpRelease] = None
     apis: tuple[str, ...] = ()  # the labels it adds to _sites.APIS
     torch_modules: tuple[str, ...] = ()  # the modules it adds to TORCH_MODULES
@@ -93,7 +93,7 @@ FIXES_THE_BUG = MadeUpRelease(
      Site(PIPELINE_WRAP, (2, 18), PIPELINE_WRAP_MODULE, "pipeline_wrap", ("PipelineModule",), "Pipeline",
           "_unimplemented_deepcopy", "cls_to_pipeline_cls", torch_fix=_TORCH_FIX)),
     _matrix._torch(18, "2.18.0 (made up) read: every builder calls torch.distributed._wrapper_cls."
-                       "make_wrapper_cls (upstream/torch.patch) in place of type", fixed=True),
+                       "make_wrapper_cls (upstream/torch.diff) in place of type", fixed=True),
     ADDS_AN_API,
 )
 RELEASES = (MOVES_THE_SHARED_HELPER, ADDS_AN_API, FIXES_THE_BUG)
@@ -145,7 +145,7 @@ def add_rows_at_start(version: str) -> None:
 
 def lay_over(site_packages: Path, release: MadeUpRelease) -> None:
     """Make the stand-in torch in ``site_packages`` that release: the modules each release up to
-    it changes, oldest first; where it has torch's fix, the module upstream/torch.patch adds,
+    it changes, oldest first; where it has torch's fix, the module upstream/torch.diff adds,
     which is the package's own ``_wrapper_cls.py``, character for character."""
     for each in releases_up_to(release):
         shutil.copytree(MADE_UP / each.torch, site_packages, dirs_exist_ok=True,

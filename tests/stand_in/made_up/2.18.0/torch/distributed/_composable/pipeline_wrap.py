@@ -1,5 +1,5 @@
 """Made-up torch 2.18 (tests/programs/made_up_releases.py): 2.17's pipeline_wrap, with torch's fix
-(upstream/torch.patch): it calls make_wrapper_cls in place of type."""
+(upstream/torch.diff): it calls make_wrapper_cls in place of type."""
 
 from typing import Any, NoReturn
 

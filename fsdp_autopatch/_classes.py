@@ -1,13 +1,16 @@
-"""What the package needs around the layout fix, beyond the fix itself.
+"""The classes the fix builds, as the package keeps them: what became of each, and how it says so.
 
-The fix is ``_wrapper_cls.make_wrapper_cls``, the function ``upstream/torch.patch`` adds to torch
-as ``torch/distributed/_wrapper_cls.py``, character for character. Around it, the package keeps:
+The fix is ``_wrapper_cls.make_wrapper_cls``, the function ``upstream/torch.diff`` adds to torch
+as ``torch/distributed/_wrapper_cls.py``, character for character. Around the classes it builds,
+the package keeps:
 
-- ``called_from``: that function called as if from torch's builder module, so the classes it
-  builds carry the module name torch's own ``type(...)`` call gives them there;
+- ``record``: what became of each original class at a site (torch's class, a compatible one, or
+  none), listed in ``status().classes`` and said once in the log;
 - ``accepts``: CPython's verdict on torch's class for a module's class, asked as the fix asks it:
   for the status (a class torch will fail to set) and for the classes torch cached before the
   patch;
+- ``called_from``: the fix called as if from torch's builder module, so the classes it builds
+  carry the module name torch's own ``type(...)`` call gives them there;
 - ``ByIdentity``: tables keyed by the identity of classes, held weakly;
 - ``mirror_base``: where a class built by the fix sits, as the status and the log name it.
 
@@ -17,8 +20,11 @@ Pure Python; no torch here.
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 import types
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 from fsdp_autopatch import _wrapper_cls
@@ -29,6 +35,84 @@ COMPATIBLE = "compatible"  # CPython refuses torch's class; the fix built one th
 REFUSED = "refused"  # CPython refuses torch's class and the fix has none: torch raises its error
 
 Value = TypeVar("Value")
+
+logger = logging.getLogger("fsdp_autopatch")
+
+# Set on the throwaway classes the package sends through torch's construction to check it: they
+# are neither logged nor listed as the user's classes; what became of them is kept on them.
+THROWAWAY = "__fsdp_autopatch_throwaway__"
+CHOSEN = "__fsdp_autopatch_chosen__"
+
+
+@dataclass(frozen=True)
+class ClassRecord:
+    """What became of one original class at one site, for ``status().classes``."""
+
+    name: str  # the original class's __qualname__
+    module: str
+    site: str
+    wrapper: str  # the name of the class the site used
+    outcome: str  # TORCH, COMPATIBLE or REFUSED
+    parent: Optional[str] = None  # COMPATIBLE: the base its mirror of the wrapper sits on, e.g. "abc.ABC"
+    reason: Optional[str] = None  # REFUSED: why, in one line
+
+
+class ClassRecords:
+    """The classes that went through a patched site in this process: the first ``limit`` kept,
+    every one counted, so that a process wrapping thousands of classes stays small."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._kept: list[ClassRecord] = []
+        self._seen = 0
+        self._lock = threading.Lock()
+
+    def add(self, record: ClassRecord) -> None:
+        with self._lock:
+            self._seen += 1
+            if len(self._kept) < self.limit:
+                self._kept.append(record)
+
+    def snapshot(self) -> tuple[tuple[ClassRecord, ...], int]:
+        with self._lock:
+            return tuple(self._kept), self._seen
+
+
+CLASS_RECORD_LIMIT = 100
+records = ClassRecords(CLASS_RECORD_LIMIT)
+
+
+def outcome(wrapper: type, cls: type, built: type) -> tuple[str, Optional[type], Optional[str]]:
+    """What the fix gave ``cls`` for ``wrapper``: torch's class (which CPython accepts, or refuses:
+    then torch raises its own error, and the reason says why the fix has none), or the compatible
+    one and the base its mirror of the wrapper sits on."""
+    if built.__bases__[0] is not wrapper:
+        return COMPATIBLE, mirror_base(built, wrapper), None
+    if accepts(cls, built):
+        return TORCH, None, None
+    if not _wrapper_cls._layout_root(cls).__dictoffset__:
+        return REFUSED, None, "its instances have no __dict__, which every wrapper class adds"
+    return REFUSED, None, f"no mirror of {wrapper.__name__} fits its class (docs/how-it-works.md#limits)"
+
+
+def record(site: str, wrapper: type, cls: type, built: type) -> None:
+    """List the class in the status and say once in the log what became of it at ``site``."""
+    became, parent, reason = outcome(wrapper, cls, built)
+    if cls.__dict__.get(THROWAWAY):
+        type.__setattr__(cls, CHOSEN, became)
+        return
+    base = parent_name(parent) if parent is not None else None
+    kept = ClassRecord(cls.__qualname__, cls.__module__, site, built.__name__, became, base, reason)
+    records.add(kept)
+    original = f"{kept.module}.{kept.name}"
+    if became == COMPATIBLE:
+        logger.info("built %s on %s for %s at %s: CPython refuses torch's own class for it",
+                    kept.wrapper, base, original, site)
+    elif became == REFUSED:
+        logger.info("cannot build a layout-compatible %s for %s at %s (%s): torch will raise its own "
+                    "error for it", kept.wrapper, original, site, reason)
+    else:
+        logger.debug("left %s to torch at %s: CPython accepts torch's own %s", original, site, kept.wrapper)
 
 
 class ByIdentity(Generic[Value]):

@@ -1,4 +1,4 @@
-"""What the package keeps around the fix (``_layout``): the fix called as if from torch's module,
+"""What the package keeps around the fix (``_classes``): the fix called as if from torch's module,
 CPython's verdict for the status, the identity tables. Pure Python; the fix itself is
 tests/test_wrapper_cls.py's."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fsdp_autopatch import _layout, _wrapper_cls
+from fsdp_autopatch import _classes, _wrapper_cls
 
 T = typing.TypeVar("T")
 
@@ -39,8 +39,8 @@ def test_the_fix_names_its_classes_as_type_called_in_torchs_module_does() -> Non
     class AbcFirst(abc.ABC, Module):
         pass
 
-    make = _layout.called_from("torch.distributed.made_up", _wrapper_cls.make_wrapper_cls)
-    torch_type = _layout.called_from("torch.distributed.made_up", type)
+    make = _classes.called_from("torch.distributed.made_up", _wrapper_cls.make_wrapper_cls)
+    torch_type = _classes.called_from("torch.distributed.made_up", type)
     for cls in (Module, AbcLast, AbcFirst):
         torchs = torch_type(f"FSDP{cls.__name__}", (Wrapper, cls), {})
         assert make(f"FSDP{cls.__name__}", (Wrapper, cls), {}).__module__ == torchs.__module__
@@ -55,7 +55,7 @@ def test_mirror_base_names_where_the_mirror_sits(wrapper: type, first: Any) -> N
     built = _wrapper_cls.make_wrapper_cls("FSDPHead", (wrapper, head), {})
     if built.__bases__[0] is wrapper:
         pytest.skip("this CPython accepts torch's class here (3.15: the ABC case)")
-    assert _layout.parent_name(_layout.mirror_base(built, wrapper)) == (
+    assert _classes.parent_name(_classes.mirror_base(built, wrapper)) == (
         "abc.ABC" if first is abc.ABC else "typing.Generic")
 
 
@@ -97,7 +97,7 @@ def test_cpythons_verdict_on_torchs_class_runs_no_code_of_the_users_classes(
     expected = cpython_accepts(cls, torchs)
     gc.collect()
     Finalized.calls = 0
-    assert _layout.accepts(cls, torchs) is expected
+    assert _classes.accepts(cls, torchs) is expected
     gc.collect()
     assert Finalized.calls == 0
     assert expected is (first is None or (first is abc.ABC and sys.version_info >= (3, 15)))
@@ -111,7 +111,7 @@ class Key:
 
 
 def test_identity_tables_never_compare_keys_and_let_them_go() -> None:
-    table: _layout.ByIdentity[str] = _layout.ByIdentity()
+    table: _classes.ByIdentity[str] = _classes.ByIdentity()
     first, second = Key(), Key()
     table.set(first, "first")
     table.set(second, "second")

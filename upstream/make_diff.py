@@ -1,7 +1,7 @@
-"""Writes upstream/torch.patch from the package: the one fix, shipped twice from one source.
+"""Writes upstream/torch.diff from the package: the one fix, shipped twice from one source.
 
-    python upstream/make_patch.py            # rewrite torch.patch from torch's files and the package
-    python upstream/make_patch.py --check    # exit 1 if torch.patch is not what this would write
+    python upstream/make_diff.py            # rewrite torch.diff from torch's files and the package
+    python upstream/make_diff.py --check    # exit 1 if torch.diff is not what this would write
 
 The patch adds fsdp_autopatch/_wrapper_cls.py to torch as torch/distributed/_wrapper_cls.py,
 character for character, has FSDP2's builder and composable DDP's replicate call its
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PATCH = ROOT / "upstream" / "torch.patch"
+PATCH = ROOT / "upstream" / "torch.diff"
 PACKAGE_MODULE = ROOT / "fsdp_autopatch" / "_wrapper_cls.py"
 TORCH_MODULE = "torch/distributed/_wrapper_cls.py"
 # The new files, by their path in torch's tree: the module and its test.
@@ -107,7 +107,7 @@ def torch_line(path: str, text: str) -> int:
     source = (Path(torch.__file__).parent.parent / path).read_text(encoding="utf-8")
     index = source.find(text)
     if index < 0:
-        raise SystemExit(f"{path} of the installed torch lacks the lines upstream/make_patch.py changes")
+        raise SystemExit(f"{path} of the installed torch lacks the lines upstream/make_diff.py changes")
     return source.count("\n", 0, index) + 1
 
 
@@ -120,7 +120,7 @@ def patch_text(starts: dict[str, list[int]]) -> str:
 
 
 def recorded_starts() -> dict[str, list[int]]:
-    """The hunks' lines as torch.patch has them now (written from torch v2.15.0's files)."""
+    """The hunks' lines as torch.diff has them now (written from torch v2.15.0's files)."""
     starts: dict[str, list[int]] = {}
     current = None
     for line in PATCH.read_text(encoding="utf-8").splitlines():
@@ -140,9 +140,9 @@ def main(argv: list[str]) -> int:
     text = patch_text(starts)
     if "--check" in argv:
         if PATCH.read_text(encoding="utf-8") != text:
-            print("upstream/torch.patch is not what upstream/make_patch.py writes from "
+            print("upstream/torch.diff is not what upstream/make_diff.py writes from "
                   "fsdp_autopatch/_wrapper_cls.py and upstream/test_wrapper_cls.py: run python "
-                  "upstream/make_patch.py", file=sys.stderr)
+                  "upstream/make_diff.py", file=sys.stderr)
             return 1
         return 0
     PATCH.write_text(text, encoding="utf-8")
