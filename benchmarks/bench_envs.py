@@ -84,10 +84,10 @@ def ensure_venv(
         # Always the wheel just built: a kept venv must measure the checkout as it is now.
         _pip_install(python, str(wheel), extra=("--no-deps", "--force-reinstall"))
     if naive_pth:
-        (venv_layout(venv).site / NAIVE_PTH_NAME).write_text(NAIVE_PTH_LINE)
+        (venv_layout(venv).site_packages / NAIVE_PTH_NAME).write_text(NAIVE_PTH_LINE)
     if one_line_pth:
-        (venv_layout(venv).site / f"{ONE_LINE_MODULE}.py").write_text("imported = True\n")
-        (venv_layout(venv).site / ONE_LINE_PTH_NAME).write_text(ONE_LINE_PTH_LINE)
+        (venv_layout(venv).site_packages / f"{ONE_LINE_MODULE}.py").write_text("imported = True\n")
+        (venv_layout(venv).site_packages / ONE_LINE_PTH_NAME).write_text(ONE_LINE_PTH_LINE)
     recipe_path.write_text(json.dumps(recipe, indent=1))
     return python
 
