@@ -19,6 +19,4 @@ def _unimplemented_deepcopy(*args: Any, **kwargs: Any) -> NoReturn:
 
 
 class ReplicateModule(FSDPModule):
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        orig_cls = cls.__mro__[3]
-        return orig_cls.__new__(orig_cls, *args, **kwargs)
+    _orig_cls_mro_index: int = 3

@@ -34,9 +34,12 @@ def _unimplemented_deepcopy(*args: Any, **kwargs: Any) -> NoReturn:
 
 
 class FSDPModule:
+    # torch's: where the original class sits in a wrapper class's MRO (ReplicateModule: 3).
+    _orig_cls_mro_index: int = 2
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # torch's: a sliced container is built as the original class (MRO index 2).
-        orig_cls = cls.__mro__[2]
+        # torch's: a sliced container is built as the original class.
+        orig_cls = cls.__mro__[cls._orig_cls_mro_index]
         self = orig_cls.__new__(orig_cls, *args, **kwargs)
         self.__init__(*args, **kwargs)
         return self
