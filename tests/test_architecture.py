@@ -16,7 +16,7 @@ PACKAGE = ROOT / "fsdp_autopatch"
 # "`docs/how-it-works.md#the-fix` (31 lines)": what to read, and how long it is.
 READ = re.compile(r"`([^`\s]+)` \(([\d,]+) lines?\)")
 TESTED = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
-TOTAL = re.compile(r"Read in full for \(a\) – \(g\): this page and the lines named above, ([\d,]+) lines\.")
+TOTAL = re.compile(r"Read in full for \(a\) \u2013 \(g\): this page and the lines named above, ([\d,]+) lines\.")
 # What a new maintainer reads to answer the seven questions, at most (issue 53).
 READING_LIMIT = 1500
 # No function of the package is longer than a screen.
@@ -105,7 +105,8 @@ def test_every_test_it_names_exists() -> None:
     assert len(named) >= 7
     for path, name in named:
         tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
-        assert any(isinstance(node, ast.FunctionDef) and node.name == name for node in tree.body), (path, name)
+        defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        assert name in defined, (path, name)
 
 
 def package_files() -> list[Path]:
@@ -126,8 +127,8 @@ def test_no_function_of_the_package_is_longer_than_a_screen() -> None:
 def table_order() -> list[str]:
     """The package's modules in the order of the doc's table (``fsdp_autopatch`` is __init__)."""
     names = re.findall(r"^\| `([\w./]+)\.py` \|", DOC.read_text(encoding="utf-8"), re.MULTILINE)
-    return [{"__init__": "fsdp_autopatch", "../_fsdp_autopatch_plugin": "_fsdp_autopatch_plugin"}.get(name, name)
-            for name in names]
+    renamed = {"__init__": "fsdp_autopatch", "../_fsdp_autopatch_plugin": "_fsdp_autopatch_plugin"}
+    return [renamed.get(name, name) for name in names]
 
 
 def imported(path: Path) -> set[str]:
@@ -137,7 +138,8 @@ def imported(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {alias.name.split(".")[-1] if alias.name.startswith("fsdp_autopatch.") else alias.name
                       for alias in node.names if alias.name.split(".")[0] == "fsdp_autopatch"}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fsdp_autopatch":
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "fsdp_autopatch":
+            assert node.module is not None
             if node.module == "fsdp_autopatch":
                 found |= {alias.name for alias in node.names if module_file(alias.name).is_file()}
                 if any(not module_file(alias.name).is_file() for alias in node.names):
