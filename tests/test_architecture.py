@@ -16,7 +16,8 @@ PACKAGE = ROOT / "fsdp_autopatch"
 # "`docs/how-it-works.md#the-fix` (31 lines)": what to read, and how long it is.
 READ = re.compile(r"`([^`\s]+)` \(([\d,]+) lines?\)")
 TESTED = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
-TOTAL = re.compile(r"Read in full for \(a\) \u2013 \(g\): this page and the lines named above, ([\d,]+) lines\.")
+TOTAL = re.compile(r"Read in full for \(a\) \u2013 \(g\): this page and the lines named above, "
+                   r"([\d,]+) lines\.")
 # What a new maintainer reads to answer the seven questions, at most (issue 53).
 READING_LIMIT = 1500
 # No function of the package is longer than a screen.
