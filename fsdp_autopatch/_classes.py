@@ -38,6 +38,13 @@ Value = TypeVar("Value")
 
 logger = logging.getLogger("fsdp_autopatch")
 
+# A class's names and namespace as CPython keeps them, read as the fix reads a class's fields:
+# no metaclass's __getattribute__ or property of a user's runs for the status or the log.
+name_of, bases_of = _wrapper_cls._NAME, _wrapper_cls._BASES
+dict_of, mro_of = _wrapper_cls._DICT, _wrapper_cls._MRO
+qualname_of = type.__dict__["__qualname__"].__get__
+module_of = type.__dict__["__module__"].__get__
+
 # Set on the throwaway classes the package sends through torch's construction to check it: they
 # are neither logged nor listed as the user's classes; what became of them is kept on them.
 THROWAWAY = "__fsdp_autopatch_throwaway__"
@@ -86,7 +93,7 @@ def outcome(wrapper: type, cls: type, built: type) -> tuple[str, Optional[type],
     """What the fix gave ``cls`` for ``wrapper``: torch's class (which CPython accepts, or refuses:
     then torch raises its own error, and the reason says why the fix has none), or the compatible
     one and the base its mirror of the wrapper sits on."""
-    if built.__bases__[0] is not wrapper:
+    if bases_of(built)[0] is not wrapper:
         return COMPATIBLE, mirror_base(built, wrapper), None
     if accepts(cls, built):
         return TORCH, None, None
@@ -98,11 +105,11 @@ def outcome(wrapper: type, cls: type, built: type) -> tuple[str, Optional[type],
 def record(site: str, wrapper: type, cls: type, built: type) -> None:
     """List the class in the status and say once in the log what became of it at ``site``."""
     became, parent, reason = outcome(wrapper, cls, built)
-    if cls.__dict__.get(THROWAWAY):
+    if dict_of(cls).get(THROWAWAY):
         type.__setattr__(cls, CHOSEN, became)
         return
     base = parent_name(parent) if parent is not None else None
-    kept = ClassRecord(cls.__qualname__, cls.__module__, site, built.__name__, became, base, reason)
+    kept = ClassRecord(qualname_of(cls), module_of(cls), site, name_of(built), became, base, reason)
     records.add(kept)
     original = f"{kept.module}.{kept.name}"
     if became == COMPATIBLE:
@@ -173,12 +180,12 @@ def accepts(cls: type, new: type) -> bool:
 def mirror_base(built: type, wrapper: type) -> type:
     """The base that the mirror of ``wrapper`` sits on in a class the fix built: ``abc.ABC``,
     ``typing.Generic``. The mirrors copy the wrapper's chain, one class each, on top of it."""
-    mirror = built.__bases__[0]
-    for _ in wrapper.__mro__[1:-1]:
-        mirror = mirror.__bases__[0]
-    return mirror.__bases__[0]  # type: ignore[no-any-return]
+    mirror = bases_of(built)[0]
+    for _ in mro_of(wrapper)[1:-1]:
+        mirror = bases_of(mirror)[0]
+    return bases_of(mirror)[0]  # type: ignore[no-any-return]
 
 
 def parent_name(parent: type) -> str:
     """``abc.ABC``, ``typing.Generic``: how a mirror's base is named in the status and the log."""
-    return f"{parent.__module__}.{parent.__qualname__}"
+    return f"{module_of(parent)}.{qualname_of(parent)}"

@@ -66,7 +66,7 @@ class Construction:
         self.patched_code: Optional[CodeType] = None
 
     def name(self, cls: type) -> str:
-        return f"{self.site.prefix}{cls.__name__}"
+        return f"{self.site.prefix}{_classes.name_of(cls)}"
 
     def namespace(self) -> dict[str, Any]:
         """The namespace torch passes (the self-check's and the probe's, at inline sites)."""
@@ -348,7 +348,8 @@ def install(construction: Construction) -> None:
             if isinstance(cls, type) and isinstance(built, type) and not _classes.accepts(cls, built):
                 cache.pop(cls, None)
                 logger.debug("dropped %s, which torch cached at %s before the patch and CPython "
-                             "refuses for %s", built.__name__, construction.site.name, cls.__qualname__)
+                             "refuses for %s", _classes.name_of(built), construction.site.name,
+                             _classes.qualname_of(cls))
 
 
 def uninstall(construction: Construction) -> None:

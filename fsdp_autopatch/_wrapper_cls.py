@@ -12,11 +12,12 @@ ahead of ``nn.Module`` adds its ``__dict__`` on top of that base, while
 of ``wrapper_cls`` that sits on that base first instead.
 
 No code of the module's classes runs here beyond what ``type(name, bases,
-namespace)`` runs for the one class each call builds: Python is asked with
-instances of the wrapper class and of a class of this module's, and mirrors
-are built on a class of this module's and then moved onto their base by
-``__bases__`` assignment, which checks layouts as ``__class__`` assignment does
-and calls no class hook.
+namespace)`` runs for the one class each call builds: their fields are read as
+CPython keeps them (never through a metaclass), Python is asked with instances
+of the wrapper class and of a class of this module's, and mirrors are built on
+a class of this module's and then moved onto their base by ``__bases__``
+assignment, which checks layouts as ``__class__`` assignment does and calls no
+class hook.
 """
 
 # https://github.com/pytorch/pytorch/issues/160068
@@ -24,6 +25,7 @@ and calls no class hook.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import types
@@ -34,12 +36,23 @@ from typing import Any
 
 __all__ = ["make_wrapper_cls"]
 
+# A class's fields as CPython keeps them: reading them runs no ``__getattribute__``
+# or property of its metaclass.
+_BASE = type.__dict__["__base__"].__get__
+_BASES = type.__dict__["__bases__"].__get__
+_MRO = type.__dict__["__mro__"].__get__
+_DICT = type.__dict__["__dict__"].__get__
+_NAME = type.__dict__["__name__"].__get__
+_FLAGS = type.__dict__["__flags__"].__get__
 # The fields of a class that make up the layout of its instances.
-_LAYOUT_FIELDS = (
-    "__basicsize__",
-    "__itemsize__",
-    "__dictoffset__",
-    "__weakrefoffset__",
+_LAYOUT_FIELDS = tuple(
+    type.__dict__[field].__get__
+    for field in (
+        "__basicsize__",
+        "__itemsize__",
+        "__dictoffset__",
+        "__weakrefoffset__",
+    )
 )
 # ``Py_TPFLAGS_HAVE_GC``, which Python also compares along a layout chain.
 _HAVE_GC = 1 << 14
@@ -79,6 +92,18 @@ _mirrors: weakref.WeakValueDictionary[tuple[int, int, frozenset[str]], type] = (
 _mirrors_lock = threading.RLock()
 
 
+def _reset_mirrors_lock() -> None:
+    # A thread that held the lock at fork() does not exist in the child.
+    global _mirrors_lock
+    _mirrors_lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_mirrors_lock)
+# Looked up on a wrapper class when it does not define the name.
+_MISSING = object()
+
+
 class _Unplaced:
     """Where a mirror is built before it moves onto its base."""
 
@@ -114,10 +139,10 @@ def make_wrapper_cls(
     wrapper's attributes resolve ahead of ``cls``'s. Where no mirror fits, it
     returns ``type(name, bases, namespace)``, and the switch raises as before.
 
-    Each call builds one class. The first call for a wrapper class and a base
-    also builds the mirror, one class per class of the wrapper's MRO but
-    ``object``, shared by every later call for them while a class built on it
-    lives.
+    Each call builds one class. The first call for a wrapper class, a base and
+    the names the module's classes define ahead of the wrapper's also builds
+    their mirror, one class per class of the wrapper's MRO but ``object``,
+    shared by every later call for them while a class built on it lives.
 
     Args:
         name (str): The name of the class.
@@ -158,15 +183,15 @@ def _mirror_for(wrapper_cls: type, cls: type) -> type | None:
     """
     root = _layout_root(cls)
     wrapper_root = _layout_root(wrapper_cls)
-    chain = wrapper_cls.__mro__[:-1]
+    chain = _MRO(wrapper_cls)[:-1]
     if (
-        root.__base__ is None
-        or root.__base__ is object
-        or any(len(wrapper.__bases__) != 1 for wrapper in chain)
+        _BASE(root) is None
+        or _BASE(root) is object
+        or any(len(_BASES(wrapper)) != 1 for wrapper in chain)
         # ``root`` adds what ``wrapper_root`` adds: ``__dict__`` and ``__weakref__``.
         or _layout(root) != _layout(wrapper_root)
-        or not _adds_nothing_to_object(root.__base__)
-        or not _adds_nothing_to_object(wrapper_root.__base__)
+        or not _adds_nothing_to_object(_BASE(root))
+        or not _adds_nothing_to_object(_BASE(wrapper_root))
         # Python 3.15+ allows the switch for some bases (``abc.ABC``).
         or _can_switch(wrapper_root, root)
     ):
@@ -174,29 +199,27 @@ def _mirror_for(wrapper_cls: type, cls: type) -> type | None:
     # The mirror sits on the base under ``root``'s ``__dict__``; where Python's
     # check walks further (3.15+, down to a C type such as ``typing.Generic``),
     # on the base where it stops.
-    base = root.__base__
+    base = _BASE(root)
     while base is not object:
-        shadowed = _shadowed_attrs(chain, cls, base)
+        ahead = _ahead_of_wrappers(chain, base, cls)
+        shadowed = None if ahead is None else _shadowed_attrs(chain, ahead)
         if shadowed is None:
             return None
         start = _start_fitting(base, root)
         if start is not None:
             return _mirror(chain, base, shadowed, start)
-        base = base.__base__
+        base = _BASE(base)
     return None
 
 
 def _layout(cls: type) -> tuple[int, ...]:
-    return (
-        *(getattr(cls, field) for field in _LAYOUT_FIELDS),
-        cls.__flags__ & _HAVE_GC,
-    )
+    return (*(field(cls) for field in _LAYOUT_FIELDS), _FLAGS(cls) & _HAVE_GC)
 
 
 def _layout_root(cls: type) -> type:
     """Return the class where Python's layout check stops on ``cls``'s chain."""
-    while cls.__base__ is not None and _layout(cls) == _layout(cls.__base__):
-        cls = cls.__base__
+    while _BASE(cls) is not None and _layout(cls) == _layout(_BASE(cls)):
+        cls = _BASE(cls)
     return cls
 
 
@@ -205,7 +228,7 @@ def _adds_nothing_to_object(cls: type) -> bool:
     while cls is not object:
         if _layout(cls)[:-1] != fields:
             return False
-        cls = cls.__base__
+        cls = _BASE(cls)
     return True
 
 
@@ -236,8 +259,9 @@ def _start_fitting(base: type, cls: type) -> type | None:
 
     Asked of a probe, a class of this module's with an instance: the probe
     moves onto ``base``, its instance switches to ``cls`` and back, and the
-    probe moves back before the instance goes, so that it goes as an instance
-    of a class of this module's alone (no ``__del__`` of ``base`` runs on it).
+    probe moves back before the instance goes, whatever happens in between, so
+    that it goes as an instance of a class of this module's alone (no
+    ``__del__`` of the module's classes runs on it).
     """
     for start in (_Unplaced, _UnplacedGeneric):
         probe = type("_LayoutProbe", (start,), {"__module__": __name__})
@@ -248,37 +272,78 @@ def _start_fitting(base: type, cls: type) -> type | None:
             continue
         try:
             _SET_CLASS(obj, cls)
+            return start
         except TypeError:
             continue
-        else:
-            _SET_CLASS(obj, probe)
-            return start
         finally:
+            if type(obj) is not probe:
+                _SET_CLASS(obj, probe)
             probe.__bases__ = (start,)
     return None
 
 
+def _ahead_of_wrappers(
+    chain: tuple[type, ...], base: type, cls: type
+) -> list[type] | None:
+    """
+    Return the classes that the class built on a mirror of ``chain`` on
+    ``base`` puts ahead of the wrapper classes in its MRO: ``cls``'s classes
+    that C3 places before them. None where ``cls``'s metaclass makes MROs of
+    its own, which no mirror can foresee.
+    """
+    if any("mro" in _DICT(meta) for meta in _MRO(type(cls)) if meta is not type):
+        return None
+    # Each mirror's MRO, from the bottom one on ``base`` up, then the built
+    # class's; an object stands in for each mirror.
+    under, line = base, list(_MRO(base))
+    for wrapper in reversed(chain):
+        merged = _c3([line, list(_MRO(wrapper)), [under, wrapper]])
+        if merged is None:
+            return None
+        under = object()
+        line = [under, *merged]
+    built = _c3([line, list(_MRO(cls)), [under, cls]])
+    if built is None:
+        return None
+    ahead = built[: next(i for i, c in enumerate(built) if c is chain[0])]
+    return [c for c in ahead if isinstance(c, type)]
+
+
+def _c3(sequences: list[list[Any]]) -> list[Any] | None:
+    """
+    Return the C3 merge of ``sequences``, as ``type.mro()`` merges its bases'
+    MROs, comparing classes by identity; None where no order exists.
+    """
+    merged = []
+    sequences = [sequence for sequence in sequences if sequence]
+    while sequences:
+        for sequence in sequences:
+            head = sequence[0]
+            if not any(c is head for other in sequences for c in other[1:]):
+                break
+        else:
+            return None
+        merged.append(head)
+        sequences = [
+            sequence[1:] if sequence[0] is head else sequence for sequence in sequences
+        ]
+        sequences = [sequence for sequence in sequences if sequence]
+    return merged
+
+
 def _shadowed_attrs(
-    chain: tuple[type, ...], cls: type, mirror_base: type
+    chain: tuple[type, ...], ahead: list[type]
 ) -> frozenset[str] | None:
     """
-    Return the attributes of the wrapper classes that ``cls``'s classes ahead
-    of them in the new MRO also define, or None where a mirror cannot resolve
-    one as ``(wrapper_cls, cls)`` does.
+    Return the attributes of the wrapper classes that the classes ``ahead`` of
+    them in the new MRO also define, or None where a mirror cannot resolve one
+    as ``(wrapper_cls, cls)`` does.
     """
-    # The classes that the new MRO puts between the mirrors and the wrapper
-    # classes: ``cls``'s MRO up to ``mirror_base``, then ``mirror_base``'s.
-    head = []
-    for head_cls in cls.__mro__:
-        head.append(head_cls)
-        if head_cls is mirror_base:
-            break
-    head += mirror_base.__mro__[1:-1]
-    head_attrs = {attr for head_cls in head for attr in vars(head_cls)}
+    ahead_attrs = {attr for ahead_cls in ahead for attr in _DICT(ahead_cls)}
     shadowed = set()
     for wrapper in chain:
-        for attr, value in vars(wrapper).items():
-            if attr in _CLASS_ATTRS or attr not in head_attrs:
+        for attr, value in _DICT(wrapper).items():
+            if attr in _CLASS_ATTRS or attr not in ahead_attrs:
                 continue
             # ``super()`` in the wrapper's method would skip ``cls``'s own, and
             # a data descriptor would have to win over the instance ``__dict__``.
@@ -318,19 +383,20 @@ def _build_mirror(
     """
     mirror = start
     for wrapper in reversed(chain):
-        name = f"{base.__name__}{wrapper.__name__}"
+        name = f"{_NAME(base)}{_NAME(wrapper)}"
         namespace = {
-            "__module__": wrapper.__module__,
+            "__module__": _DICT(wrapper).get("__module__"),
             "__qualname__": name,
-            "__doc__": wrapper.__doc__,
+            "__doc__": _DICT(wrapper).get("__doc__"),
         }
         mirror = type(name, (mirror, wrapper), namespace)
     # Set after the class is made, so that no ``__set_name__`` runs again.
     for attr in shadowed:
-        value = next(vars(w)[attr] for w in chain if attr in vars(w))
+        value = next(_DICT(w)[attr] for w in chain if attr in _DICT(w))
         if isinstance(value, types.FunctionType):
-            value = _forwarder(chain, attr, value)
-        setattr(mirror, attr, value)
+            setattr(mirror, attr, _forwarder(chain, attr, value))
+        else:
+            setattr(mirror, attr, _WrapperAttr(chain, attr))
     try:
         # Python checks the layouts as for ``__class__``, and calls no hook.
         _bottom(mirror, chain).__bases__ = (base, chain[-1])
@@ -342,7 +408,7 @@ def _build_mirror(
 def _bottom(mirror: type, chain: tuple[type, ...]) -> type:
     """Return the mirror of the first class of ``chain`` (``FSDPModule``)."""
     for _ in chain[1:]:
-        mirror = mirror.__bases__[0]
+        mirror = _BASES(mirror)[0]
     return mirror
 
 
@@ -352,19 +418,70 @@ def _forwarder(
     """
     Return a method that calls the wrapper classes' method ``attr`` as
     ``(wrapper_cls, cls)`` finds it at the time of the call: a replaced one, or
-    ``cls``'s own where the wrapper classes no longer define it. A plain
+    the module's own where the wrapper classes no longer define it. A plain
     function, so that looking it up costs what looking up any method costs.
     """
+    namespaces = tuple(_DICT(wrapper) for wrapper in chain)
+    first = namespaces[0]
 
-    def forward(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-        for owner in (*chain, *type(self).__mro__):
-            value = vars(owner).get(attr, forward)
-            if getattr(value, "__code__", None) is not forward.__code__:
-                get = getattr(type(value), "__get__", None)
-                bound = value if get is None else get(value, self, type(self))
-                return bound(*args, **kwargs)
-        raise AttributeError(
-            f"{type(self).__name__!r} object has no attribute {attr!r}"
+    def calls_wrapper_method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        value = first.get(attr, _MISSING)
+        # The wrapper's own method: the usual case.
+        if type(value) is types.FunctionType:
+            return value(self, *args, **kwargs)
+        for namespace in namespaces:
+            value = namespace.get(attr, _MISSING)
+            if value is not _MISSING:
+                return _bound(value, self)(*args, **kwargs)
+        return _beyond_wrappers(attr, self)(*args, **kwargs)
+
+    return functools.wraps(method)(calls_wrapper_method)
+
+
+class _WrapperAttr:
+    """
+    An attribute of the wrapper classes other than a method, in a mirror:
+    looked up on them at each access, as ``(wrapper_cls, cls)`` finds it.
+    """
+
+    def __init__(self, chain: tuple[type, ...], attr: str) -> None:
+        self.chain = chain
+        self.attr = attr
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        for wrapper in self.chain:
+            value = _DICT(wrapper).get(self.attr, _MISSING)
+            if value is not _MISSING:
+                return _bound(value, obj, objtype)
+        return _beyond_wrappers(self.attr, obj, objtype)
+
+
+def _bound(value: Any, obj: object, owner: type | None = None) -> Any:
+    """Return ``value`` as an attribute of ``obj`` (or of ``owner``) finds it."""
+    get = getattr(type(value), "__get__", None)
+    owner = type(obj) if owner is None else owner
+    return value if get is None else get(value, obj, owner)
+
+
+def _beyond_wrappers(attr: str, obj: object, owner: type | None = None) -> Any:
+    """
+    Return ``attr`` of ``obj`` as the MRO finds it past the wrapper classes and
+    their mirrors, where the wrapper classes no longer define it.
+    """
+    owner = type(obj) if owner is None else owner
+    for cls in _MRO(owner):
+        value = _DICT(cls).get(attr, _MISSING)
+        forwarded = isinstance(value, _WrapperAttr) or (
+            getattr(value, "__code__", None) is _FORWARDER_CODE
         )
+        if value is not _MISSING and not forwarded:
+            return _bound(value, obj, owner)
+    raise AttributeError(f"type object {_NAME(owner)!r} has no attribute {attr!r}")
 
-    return functools.wraps(method)(forward)
+
+# The code every forwarder runs: the walk past the wrapper classes skips them.
+_FORWARDER_CODE = next(
+    const
+    for const in _forwarder.__code__.co_consts
+    if getattr(const, "co_name", None) == "calls_wrapper_method"
+)

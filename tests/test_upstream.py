@@ -127,7 +127,7 @@ def test_torch_style_test_passes_on_the_patched_torch_and_fails_without(patched_
     # (torch/testing/_internal/common_utils.py, IS_CI): run it as a contributor would.
     patched = run([str(TORCH_STYLE_TEST)], patched_torch, FSDP_AUTOPATCH="0", CI="")
     assert patched.returncode == 0, patched.stderr[-4000:]
-    assert re.search(r"^Ran 8 tests", patched.stderr, re.MULTILINE)
+    assert re.search(r"^Ran 10 tests", patched.stderr, re.MULTILINE)
     unpatched = run([str(TORCH_STYLE_TEST)], None, FSDP_AUTOPATCH="0", CI="")
     if layout_bug_here():
         assert unpatched.returncode != 0 and LAYOUT_ERROR in unpatched.stderr

@@ -369,6 +369,49 @@ def test_a_head_that_only_shares_a_name_with_the_wrapper_gets_a_class() -> None:
     assert instance._apply() == reference._apply() and instance.reshard() == reference.reshard() == "reshard"
 
 
+class EmptyABC(abc.ABC):  # noqa: B024
+    __slots__ = ()
+
+
+class OwnReshardABC(abc.ABC, Module):
+    def reshard(self) -> str:
+        return "own reshard"
+
+
+class OtherReshard(abc.ABC):  # noqa: B024
+    def reshard(self) -> str:
+        return "other reshard"
+
+
+# Shapes whose new MRO puts more of the module's classes than those up to the mirror's base ahead
+# of the wrapper: a mixin ahead of a class with its own method; another ABC with a method of the
+# wrapper's ahead of it; the module base ahead of it (whose _apply the wrapper's reaches with
+# super(): no mirror can keep that order).
+AHEAD = {
+    "mixin_ahead_of_an_own_method": ((EmptyABC, OwnReshardABC), True),
+    "another_abc_ahead": ((EmptyABC, OtherReshard, Module), True),
+    "module_base_ahead": ((EmptyABC, Module, OtherReshard), False),
+}
+
+
+@pytest.mark.parametrize("name", list(AHEAD))
+def test_every_class_the_new_mro_puts_ahead_of_the_wrapper_is_reckoned_with(name: str) -> None:
+    """The wrapper's names resolve as in torch's MRO, through every class ahead of the wrapper in
+    the class built, not only those up to the mirror's base; where one of them defines a name
+    the wrapper reaches with ``super()`` (``_apply``), no mirror is built and torch raises."""
+    bases, mirrored = AHEAD[name]
+    cls = make_class(name, bases, {})
+    assert cls is not None and not cpython_accepts(cls, upstream(ReshardingWrapper, cls))
+    built = make(ReshardingWrapper, cls)
+    assert (built.__bases__[0] is not ReshardingWrapper) is mirrored
+    if mirrored:
+        instance = object.__new__(cls)
+        instance.__class__ = built
+        reference = object.__new__(upstream(ReshardingWrapper, cls))  # torch's class, CPython aside
+        assert instance.reshard() == reference.reshard() == "reshard"
+        assert instance._apply() == reference._apply()
+
+
 class Described:
     """A data descriptor, as a wrapper might define one."""
 
@@ -443,6 +486,24 @@ def test_monkeypatches_of_the_wrapper_reach_built_classes_as_they_reach_upstream
     assert answers(instance) == answers(reference) == "reshard"
 
 
+def test_a_wrapper_attribute_mocked_while_a_class_is_built_is_the_wrappers_again_after_the_mock() -> None:
+    """A mock of the wrapper's method in place when a module's class that shadows it is wrapped
+    (and its mirror built) stays a mock only while it is in place, for that class and the next."""
+    from unittest import mock
+
+    with mock.patch.object(Wrapper, "reshard", return_value="mocked"):
+        during = make(Wrapper, OwnReshard)
+        instance = object.__new__(OwnReshard)
+        instance.__class__ = during
+        assert instance.reshard() == "mocked"
+    later = make(Wrapper, make_class("LaterOwnReshard", (typing.Generic[T], Module),
+                                     {"reshard": OwnReshard.reshard}))  # type: ignore[arg-type]
+    late_instance = object.__new__(later.__mro__[2])
+    late_instance.__class__ = later
+    reference = object.__new__(upstream(Wrapper, OwnReshard))
+    assert instance.reshard() == late_instance.reshard() == reference.reshard() == "reshard"
+
+
 class ByName(abc.ABCMeta):
     """Classes equal whatever they are; comparing them at all is the bug this finds."""
 
@@ -484,11 +545,16 @@ class Calls(collections.Counter):  # type: ignore[type-arg]
     """What code of a module's classes ran, by name."""
 
 
-def own_code(calls: Calls) -> tuple[type, type]:
+def own_code(calls: Calls, own_mro: bool = False) -> tuple[type, type]:
     """A metaclass and an empty-``__slots__`` mixin that count every call of their code: the
-    methods ``type(...)`` may run for a class, and those an instance of it may meet."""
+    methods ``type(...)`` may run for a class, every attribute read through the metaclass, and
+    what an instance may meet; ``own_mro``: the metaclass makes MROs itself."""
 
     class Counting(abc.ABCMeta):
+        def __getattribute__(cls, name: str) -> Any:
+            calls["metaclass __getattribute__"] += 1
+            return super().__getattribute__(name)
+
         def __new__(meta, name: str, bases: tuple[type, ...], namespace: dict[str, Any],
                     **kwargs: Any) -> Any:
             calls["metaclass __new__"] += 1
@@ -502,9 +568,12 @@ def own_code(calls: Calls) -> tuple[type, type]:
             calls["metaclass __call__"] += 1
             return super().__call__(*args, **kwargs)
 
-        def mro(cls) -> list[type]:
+    if own_mro:
+        def mro(cls: type) -> list[type]:
             calls["metaclass mro"] += 1
-            return super().mro()
+            return abc.ABCMeta.mro(cls)
+
+        Counting.mro = mro  # type: ignore[method-assign]
 
     class Named:
         def __set_name__(self, owner: type, name: str) -> None:
@@ -533,13 +602,18 @@ def own_code(calls: Calls) -> tuple[type, type]:
 
 @pytest.mark.parametrize("wrapper", WRAPPERS, ids=["wrapper", "replicate_like"])
 @pytest.mark.parametrize("order", ["first", "last"])
-def test_no_code_of_the_modules_classes_runs_beyond_what_type_runs(wrapper: type, order: str) -> None:
+@pytest.mark.parametrize("own_mro", [False, True], ids=["type_mro", "own_mro"])
+def test_no_code_of_the_modules_classes_runs_beyond_what_type_runs(
+    wrapper: type, order: str, own_mro: bool
+) -> None:
     """Deciding and building the mirror run nothing of the module's classes, on any object: per
     call, exactly what torch's own ``type(...)`` call runs for the same class (its metaclass's
-    ``__new__``, ``__init__`` and ``mro``, the ``__init_subclass__`` of the class built). A mirror's
-    throwaway probe goes as a class of the fix's, so a ``__del__`` never sees it."""
+    ``__new__``, ``__init__``, ``mro`` and attribute reads, the ``__init_subclass__`` of the class
+    built). A mirror's throwaway probe goes as a class of the fix's, so a ``__del__`` never sees
+    it. A metaclass that makes MROs itself gets no mirror: the fix cannot foresee where it would
+    put the wrapper's names, and torch raises as before."""
     calls = Calls()
-    _, mixin = own_code(calls)
+    _, mixin = own_code(calls, own_mro)
     bases = (mixin, Module) if order == "first" else (Module, mixin)
     cls = types.new_class(f"Own{order.title()}", bases)
     made = cls()
@@ -553,9 +627,10 @@ def test_no_code_of_the_modules_classes_runs_beyond_what_type_runs(wrapper: type
         built = make(wrapper, cls)
         gc.collect()
         assert calls == torchs, f"beyond torch's own type() call: {calls - torchs}"
-    assert torchs == {"metaclass __new__": 1, "metaclass __init__": 1, "metaclass mro": 1,
-                      "__init_subclass__": 1}
-    assert (built.__bases__[0] is wrapper) is cpython_accepts(cls, reference)
+    assert {name: count for name, count in torchs.items() if "__getattribute__" not in name} == {
+        "metaclass __new__": 1, "metaclass __init__": 1, "__init_subclass__": 1,
+        **({"metaclass mro": 1} if own_mro else {})}
+    assert (built.__bases__[0] is wrapper) is (cpython_accepts(cls, reference) or own_mro)
 
 
 def test_one_mirror_per_wrapper_and_base_when_threads_build_at_once() -> None:
@@ -607,6 +682,33 @@ def test_a_mirror_is_seen_from_outside_as_the_description_says() -> None:
     gc.collect()
     assert reference() is None
     assert not any(sub.__qualname__ == "GenericWrapper" for sub in Wrapper.__subclasses__())
+
+
+# Which __bases__ assignments audit hooks (PEP 578) saw, while one is being looked for.
+AUDITED: list[str] = []
+_auditing = threading.local()
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if getattr(_auditing, "on", False) and event == "object.__setattr__" and args[1] == "__bases__":
+        AUDITED.append(args[0].__qualname__)
+
+
+def test_audit_hooks_see_the_probe_and_the_mirror_move_and_nothing_for_a_plain_module() -> None:
+    """The fix moves classes of its own with ``__bases__``: audit hooks see the probe move onto
+    the base and back, and the mirror move onto it (upstream/README.md, "What shows")."""
+    sys.addaudithook(_audit)  # it stays for the process: it records only while asked
+    _auditing.on = True
+    try:
+        AUDITED.clear()
+        make(Wrapper, Module)
+        assert AUDITED == []
+        make(Wrapper, make_class("AuditedHead", (typing.Generic[T], Module), {}))  # type: ignore[arg-type]
+    finally:
+        _auditing.on = False
+    # The mirror moves where it is built, not where an earlier test's is still alive; on 3.15 the
+    # probe tries a second start.
+    assert set(AUDITED) <= {"_LayoutProbe", "GenericWrapper"} and AUDITED.count("_LayoutProbe") >= 2
 
 
 def test_a_shadowed_method_is_a_plain_method_on_the_built_class() -> None:

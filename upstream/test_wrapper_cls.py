@@ -12,6 +12,8 @@ import collections
 import collections.abc
 import copy
 import gc
+import sys
+import threading
 import typing
 from typing import Generic, Protocol, TypeVar
 
@@ -24,7 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp._fully_shard import _fsdp_init
 from torch.testing._internal.common_fsdp import FSDPTestMultiThread, MLP
-from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.common_utils import run_tests, TestCase
 
 
 T = TypeVar("T")
@@ -68,6 +70,16 @@ class ReshardingMLP(abc.ABC, MLP):
     # win, as it does in ``(FSDPModule, cls)``.
     def reshard(self) -> None:
         raise AssertionError("the module's reshard shadows FSDPModule's")
+
+
+class Logging(abc.ABC):  # noqa: B024
+    __slots__ = ()
+
+
+class LoggedReshardingMLP(Logging, ReshardingMLP):
+    # Its MRO puts ReshardingMLP between the mirror's base (Logging) and ABC:
+    # ahead of FSDPModule in the class built, as its own method is.
+    pass
 
 
 class ABCLastMLP(MLP, abc.ABC):
@@ -119,7 +131,7 @@ class TestWrapperCls(FSDPTestMultiThread):
 
     def test_empty_slots_first_modules_wrap(self):
         for name, wrap, wrapper_cls, prefix, index in self._wrappers():
-            for cls in (*EMPTY_SLOTS_FIRST, ReshardingMLP):
+            for cls in (*EMPTY_SLOTS_FIRST, ReshardingMLP, LoggedReshardingMLP):
                 with self.subTest(wrapper=name, cls=cls.__name__):
                     module = wrap(cls(8))
                     new_cls = type(module)
@@ -155,20 +167,37 @@ class TestWrapperCls(FSDPTestMultiThread):
         calls = collections.Counter()
 
         class Counting(abc.ABCMeta):
+            def __getattribute__(cls, name):
+                calls["metaclass __getattribute__"] += 1
+                return super().__getattribute__(name)
+
             def __new__(mcs, name, bases, namespace, **kwargs):
                 calls["metaclass __new__"] += 1
                 return super().__new__(mcs, name, bases, namespace, **kwargs)
+
+            def __init__(cls, *args, **kwargs):
+                calls["metaclass __init__"] += 1
+                super().__init__(*args, **kwargs)
 
             def __call__(cls, *args, **kwargs):
                 calls["metaclass __call__"] += 1
                 return super().__call__(*args, **kwargs)
 
+        class Named:
+            def __set_name__(self, owner, name):
+                calls["__set_name__"] += 1
+
         class Hooks(metaclass=Counting):
             __slots__ = ()
+            named = Named()
 
             def __new__(cls, *args, **kwargs):
                 calls["__new__"] += 1
                 return super().__new__(cls)
+
+            def __init__(self, *args, **kwargs):
+                calls["__init__"] += 1
+                super().__init__(*args, **kwargs)
 
             def __del__(self):
                 calls["__del__"] += 1
@@ -186,6 +215,7 @@ class TestWrapperCls(FSDPTestMultiThread):
         # Every module lives to the end: the ranks are threads of one process.
         kept = []
         for name, wrap, _, _, _ in self._wrappers():
+            counted = {}
             for cls in (HooksFirstMLP, HooksLastMLP):
                 with self.subTest(wrapper=name, cls=cls.__name__):
                     modules = [cls(8), cls(8)]
@@ -195,11 +225,21 @@ class TestWrapperCls(FSDPTestMultiThread):
                     for module in modules:
                         wrap(module)
                     gc.collect()
+                    counted[cls] = dict(calls)
                     # ``type()`` ran once per class built: once per call for ddp.
                     once = 2 if name == "ddp" else 1
+                    reads = calls.pop("metaclass __getattribute__", 0)
+                    self.assertGreater(reads, 0)
                     self.assertEqual(
-                        calls, {"metaclass __new__": once, "__init_subclass__": once}
+                        calls,
+                        {
+                            "metaclass __new__": once,
+                            "metaclass __init__": once,
+                            "__init_subclass__": once,
+                        },
                     )
+            # Not one attribute more is read through the metaclass.
+            self.assertEqual(counted[HooksFirstMLP], counted[HooksLastMLP])
 
     def test_one_class_per_call(self):
         for name, wrap, _, prefix, _ in self._wrappers():
@@ -263,6 +303,46 @@ class TestWrapperCls(FSDPTestMultiThread):
                 wrap(model)
                 inp = torch.randn((4, 8), generator=gen)
                 self.assertEqual(torch.compile(model, backend="eager")(inp), model(inp))
+
+
+class TestMakeWrapperCls(TestCase):
+    def test_threads_building_at_once_share_one_mirror_per_base(self):
+        from torch.distributed._wrapper_cls import make_wrapper_cls
+
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            for _ in range(10):
+                base = abc.ABCMeta("Base", (abc.ABC,), {"__slots__": ()})
+                classes = [type(f"Head{i}", (base, MLP), {}) for i in range(8)]
+                barrier = threading.Barrier(len(classes))
+                mirrors = []
+
+                def build(cls, barrier=barrier, mirrors=mirrors):
+                    barrier.wait()
+                    built = make_wrapper_cls("FSDPHead", (FSDPModule, cls), {})
+                    mirrors.append(built.__bases__[0])
+
+                threads = [threading.Thread(target=build, args=(c,)) for c in classes]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                self.assertEqual(len({id(mirror) for mirror in mirrors}), 1)
+        finally:
+            sys.setswitchinterval(interval)
+
+    def test_what_a_mirror_shows(self):
+        from torch.distributed._wrapper_cls import make_wrapper_cls
+
+        built = make_wrapper_cls(
+            "FSDPGenericFirstMLP", (FSDPModule, GenericFirstMLP), {}
+        )
+        mirror = built.__bases__[0]
+        self.assertIs(type(mirror), type)
+        self.assertIn(mirror, Generic.__subclasses__())
+        self.assertIn(mirror, FSDPModule.__subclasses__())
+        self.assertEqual(mirror.__qualname__, "GenericFSDPModule")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 class of one name (its __init_subclass__), a metaclass counting what it builds, and an
 empty-__slots__ mixin and metaclass counting every call of their code (``__new__``, ``__init__``,
 ``__del__``, ``__init_subclass__``, ``__set_name__``, the metaclass's ``__new__``, ``__init__``,
-``__call__`` and ``mro``) while the modules are wrapped. For tests/test_fully_shard.py; prints one
-JSON line.
+``__call__`` and every attribute read through it) while the modules are wrapped. For
+tests/test_fully_shard.py; prints one JSON line.
 
     python tests/programs/construction_hooks.py 'fully_shard'|'DDP replicate'|'FSDP2 replicate'
 """
@@ -28,6 +28,10 @@ built = []
 calls = collections.Counter()
 
 class Counting(abc.ABCMeta):
+    def __getattribute__(cls, name):
+        calls["metaclass __getattribute__"] += 1
+        return super().__getattribute__(name)
+
     def __new__(meta, name, bases, namespace, **kwargs):
         built.append(name)
         calls["metaclass __new__"] += 1
@@ -40,10 +44,6 @@ class Counting(abc.ABCMeta):
     def __call__(cls, *args, **kwargs):
         calls["metaclass __call__"] += 1
         return super().__call__(*args, **kwargs)
-
-    def mro(cls):
-        calls["metaclass mro"] += 1
-        return super().mro()
 
 class Named:
     def __set_name__(self, owner, name):
