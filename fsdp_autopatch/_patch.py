@@ -78,7 +78,6 @@ def after_fork_in_child() -> None:
     global _lock
     _lock = threading.RLock()
     _classes.records._lock = threading.Lock()
-    _wrapper_cls._mirrors_lock = threading.RLock()
 
 
 class TypeStandIn:

@@ -17,12 +17,15 @@ import collections.abc
 import gc
 import inspect
 import itertools
+import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
 import types
 import typing
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Optional
@@ -502,6 +505,40 @@ def test_a_wrapper_attribute_mocked_while_a_class_is_built_is_the_wrappers_again
     late_instance.__class__ = later
     reference = object.__new__(upstream(Wrapper, OwnReshard))
     assert instance.reshard() == late_instance.reshard() == reference.reshard() == "reshard"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX's")
+def test_a_child_forked_while_another_thread_builds_a_mirror_builds_its_own() -> None:
+    """The mirrors' lock, held by another thread at fork(), is a new one in the child."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with _wrapper_cls._mirrors_lock:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork() with threads
+            pid = os.fork()
+        if pid == 0:  # the child: exit 0 once a mirror is built
+            base = make_class("ForkedBase", (typing.Generic[T],), {"__slots__": ()})
+            built = make(Wrapper, make_class("ForkedHead", (base, Module), {}))  # type: ignore[arg-type]
+            os._exit(0 if built.__bases__[0] is not Wrapper else 1)
+        ended: list[int] = []
+        waiter = threading.Thread(target=lambda: ended.append(os.waitpid(pid, 0)[1]), daemon=True)
+        waiter.start()
+        waiter.join(timeout=60)
+        if not ended:
+            os.kill(pid, signal.SIGKILL)
+            waiter.join()
+        assert ended and os.waitstatus_to_exitcode(ended[0]) == 0, "the child hung on the mirrors' lock"
+    finally:
+        release.set()
+        holder.join()
 
 
 class ByName(abc.ABCMeta):
