@@ -212,7 +212,7 @@ def test_torch_newer_than_the_rows_without_a_probe_is_left_alone() -> None:
 
 def test_the_probes_answer_decides_inside_the_rows_too() -> None:
     """Behaviour decides: a torch in the rows whose classes CPython accepts is left alone."""
-    decision = _matrix.decide(_config.AUTO, TORCH, TRANSFORMERS, probed=False)
+    decision = _matrix.decide(_config.AUTO, TORCH, TRANSFORMERS, probed=False, python=BUGGY_PYTHON_VERSION)
     assert not decision.apply and decision.in_matrix is True
     assert decision.decided_by == _matrix.DECIDED_BY_PROBE
 
