@@ -176,13 +176,13 @@ def test_torch_2_13s_layout_is_known_with_the_function_and_the_wrapper_named(
     assert answer.text == "FSDP2 fully_shard site known: _fsdp_init._apply_to_module"
 
 
-@pytest.mark.parametrize("version", ["2.13.0", "2.16.0"])
+@pytest.mark.parametrize("version", ["2.13.0", "99.1.0"])
 def test_a_newer_rows_helper_beside_the_one_the_wrappers_call_is_not_their_site(
     tmp_path: Path, version: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """torch 2.13's files holding made-up 2.16's helper module too (the same name in a new place),
-    with 2.16's rows in the tables: fully_shard still calls _fsdp_init's, so doctor names the 2.11
-    row. At 2.13.0 by release; at a 2.16.0 that did not move it, by where its helper comes from."""
+    """torch 2.13's files holding made-up 99.1's helper module too (the same name in a new place),
+    with 99.1's rows in the tables: fully_shard still calls _fsdp_init's, so doctor names the 2.11
+    row. At 2.13.0 by release; at a 99.1.0 that did not move it, by where its helper comes from."""
     release = made_up_releases.MOVES_THE_SHARED_HELPER
     made_up_releases.add_rows(release, monkeypatch.setattr)
     moved = "torch/distributed/_composable/_swap_class.py"

@@ -75,12 +75,15 @@ def test_rows_tile_every_release_without_gaps_and_carry_evidence(name: str) -> N
 def test_a_torch_release_is_one_row_and_every_fsdp2_release_has_one(
     release: Optional[made_up_releases.MadeUpRelease], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Adding a torch release is one row: 2.<minor> covers 2.<minor>.x."""
+    """Adding a torch release is one row: 2.<minor> covers 2.<minor>.x (the made-up releases'
+    rows, 99.<minor>, as well)."""
     made_up_releases.add_rows(release, monkeypatch.setattr)
     fsdp2 = _matrix.TORCH_ROWS[1:]
-    assert [row.first for row in fsdp2] == [(2, minor) for minor in range(4, 4 + len(fsdp2))]
-    assert all(row.end == (2, row.first[1] + 1) for row in fsdp2)
-    assert all(_matrix.row_for(_matrix.TORCH_ROWS, f"2.{row.first[1]}.1+cu128") is row for row in fsdp2)
+    real = [row for row in fsdp2 if row.first[0] == 2]
+    assert [row.first for row in real] == [(2, minor) for minor in range(4, 4 + len(real))]
+    assert all(row.end == (row.first[0], row.first[1] + 1) for row in fsdp2)
+    assert all(_matrix.row_for(_matrix.TORCH_ROWS, "{}.{}.1+cu128".format(*row.first)) is row
+               for row in fsdp2)
 
 
 @pytest.mark.parametrize("name", list(ALL_ROWS))
@@ -270,7 +273,7 @@ def test_rendered_table_has_every_row(
 
 
 def test_a_release_torch_fixed_is_no_bug_by_the_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A torch row ``fixed`` (made-up 2.18: torch's fix at every site): where no probe can run
+    """A torch row ``fixed`` (made-up 99.3: torch's fix at every site): where no probe can run
     (doctor, the matrix), the rows say no bug and nothing to patch, and the table says why; the
     probe still decides where it can, and force still patches."""
     release = made_up_releases.FIXES_THE_BUG

@@ -328,7 +328,7 @@ def assert_swept(report: dict[str, Any], release: made_up_releases.MadeUpRelease
 def test_a_release_that_moves_the_helper_both_fsdp2_wrappers_share_is_a_row_per_wrapper(
     tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Made-up torch 2.16 moves FSDP2's shared helper to a module of its own, parameters renamed and
+    """Made-up torch 99.1 moves FSDP2's shared helper to a module of its own, parameters renamed and
     reordered, and keeps the old one: its two rows, one per wrapper, are what the hooks patch, the
     probe asks (its arguments matched by the row's names), doctor reads and the sweep accounts for;
     composable DDP, which did not move, keeps its row."""
@@ -342,7 +342,7 @@ def test_a_release_that_moves_the_helper_both_fsdp2_wrappers_share_is_a_row_per_
 def test_a_release_that_adds_an_api_in_a_new_module_is_its_label_its_row_and_its_module_watched(
     tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Made-up torch 2.17 adds pipeline_wrap in a module of its own: with its label in APIS, its row
+    """Made-up torch 99.2 adds made_up_wrap in a module of its own: with its label in APIS, its row
     and its module in TORCH_MODULES, its first import arms the hooks (they wait for transformers
     alone), and it is patched, probed, read by doctor and swept like the others."""
     release = made_up_releases.ADDS_AN_API
@@ -355,7 +355,7 @@ def test_a_release_that_adds_an_api_in_a_new_module_is_its_label_its_row_and_its
 def test_a_release_that_fixes_the_bug_at_every_site_is_left_to_torch(
     tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Made-up torch 2.18 calls torch's fix (upstream/torch.diff's make_wrapper_cls) in every
+    """Made-up torch 99.3 calls torch's fix (upstream/torch.diff's make_wrapper_cls) in every
     builder: a row with torch's fix for each wrapper whose builder had none (composable DDP's,
     which has one since 2.13, needs none) and its torch row fixed. The probe finds torch building
     accepted classes at every site, nothing of torch's is patched, and the rows agree: not in the
@@ -378,26 +378,26 @@ def test_a_release_that_fixes_the_bug_at_every_site_is_left_to_torch(
     assert (status["applied"], status["sites"], status["classes"]) == (False, [], []), status
     assert (status["in_matrix"], status["decided_by"]) == (False, "probe"), status
     assert report["doctor"]["outcome"] == "OK", report["doctor"]
-    assert report["doctor"]["verdict"].startswith("OK: nothing to fix: torch 2.18.0, transformers 4.55.2, ")
+    assert report["doctor"]["verdict"].startswith("OK: nothing to fix: torch 99.3.0, transformers 4.55.2, ")
     assert_swept(report, release, monkeypatch)
 
 
-@pytest.mark.parametrize("version", ["2.13.0", "2.16.0"])
+@pytest.mark.parametrize("version", ["2.13.0", "99.1.0"])
 def test_a_newer_releases_row_is_not_taken_for_a_torch_whose_wrappers_call_the_old_helper(
     tmp_path: Path, installed: Path, version: str
 ) -> None:
-    """The stand-in of torch 2.13 holding made-up 2.16's helper module (the same name in a new
-    place) and 2.17's pipeline_wrap module, with both releases' rows in the tables: fully_shard and
+    """The stand-in of torch 2.13 holding made-up 99.1's helper module (the same name in a new
+    place) and 99.2's made_up_wrap module, with both releases' rows in the tables: fully_shard and
     replicate still call the old helper, so the patch and doctor take the 2.11 rows. At 2.13.0 by
-    release, and at a 2.16.0 that did not move it, because each wrapper's helper comes from
-    _fsdp_init, not from the 2.16 row's module. pipeline_wrap's row is 2.17's: neither has it."""
+    release, and at a 99.1.0 that did not move it, because each wrapper's helper comes from
+    _fsdp_init, not from the 99.1 row's module. made_up_wrap's row is 99.2's: neither has it."""
     release = made_up_releases.ADDS_AN_API
     report = run_made_up(tmp_path, installed, release, version,
-                         files=["2.16.0/torch/distributed/_composable/_swap_class.py",
-                                "2.17.0/torch/distributed/_composable/pipeline_wrap.py"])
+                         files=["99.1.0/torch/distributed/_composable/_swap_class.py",
+                                "99.2.0/torch/distributed/_composable/made_up_wrap.py"])
     assert_wrapped(report, {_sites.FULLY_SHARD: "FSDP2 fully_shard since torch 2.11",
                             _sites.FSDP2_REPLICATE: "FSDP2 replicate since torch 2.11"})
-    pipeline_wrap = report["wrappers"][made_up_releases.PIPELINE_WRAP]
-    assert pipeline_wrap["row"] is None and pipeline_wrap["doctor"] == {
+    made_up_wrap = report["wrappers"][made_up_releases.MADE_UP_WRAP]
+    assert made_up_wrap["row"] is None and made_up_wrap["doctor"] == {
         "known": None, "site_key": None, "fixed": False,
-        "text": f"torch {version} has no {made_up_releases.PIPELINE_WRAP}"}, pipeline_wrap
+        "text": f"torch {version} has no {made_up_releases.MADE_UP_WRAP}"}, made_up_wrap

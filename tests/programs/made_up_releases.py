@@ -1,11 +1,13 @@
 """Three made-up torch releases, each added as CONTRIBUTING's recipe adds a release: rows alone.
+They are numbered 99.1 to 99.3 and name a made-up API, so that a real release added by the recipe
+never clashes with them.
 
-- 2.16 moves the helper that FSDP2's ``fully_shard`` and ``replicate`` share out of
+- 99.1 moves the helper that FSDP2's ``fully_shard`` and ``replicate`` share out of
   ``_fsdp_init`` into a new module, with parameters of its own: one ``Site`` row per API that
   calls it.
-- 2.17 adds an API in a new module, ``torch.distributed._composable.pipeline_wrap``, which swaps a
+- 99.2 adds an API in a new module, ``torch.distributed._composable.made_up_wrap``, which swaps a
   module's class the same way: its label in ``APIS``, its ``Site`` row, its module watched.
-- 2.18 fixes the bug at every site (``upstream/torch.diff``'s ``make_wrapper_cls``, called by
+- 99.3 fixes the bug at every site (``upstream/torch.diff``'s ``make_wrapper_cls``, called by
   every builder): a row with torch's fix for each API whose builder has none yet (composable
   DDP's, which did not move, has one since 2.13), and its torch row ``fixed``.
 
@@ -33,15 +35,21 @@ from fsdp_autopatch._sites import FSDP2_REPLICATE, FULLY_SHARD, Site
 MADE_UP = Path(__file__).resolve().parent.parent / "stand_in" / "made_up"
 
 # The recipe's edit to fsdp_autopatch/__init__.py: the new API's module, which users import it from.
-PIPELINE_WRAP_MODULE = "torch.distributed._composable.pipeline_wrap"
-# The recipe's edits to fsdp_autopatch/_sites.py: the new API's label, and where 2.16 moved the
+MADE_UP_WRAP_MODULE = "torch.distributed._composable.made_up_wrap"
+# The recipe's edits to fsdp_autopatch/_sites.py: the new API's label, and where 99.1 moved the
 # helper, its parameters named in the order of _sites.HELPER_ROLES.
-PIPELINE_WRAP = "composable pipeline_wrap"
+MADE_UP_WRAP = "made-up wrap"
 _SWAP_CLASS = ("torch.distributed._composable._swap_class", "_apply_to_module",
                ("modules", "cache", "wrapper_cls", "prefix", "deepcopy_fn"))
 _FULLY_SHARD_2_6, _ = FULLY_SHARD_MODULES
 _FSDP_2_6, _ = FSDP2_PACKAGES
 _TORCH_FIX = _sites._TORCH_FIX
+
+
+def made_up_row(minor: int, evidence: str, fixed: bool = False) -> _matrix.TorchRow:
+    """A made-up release's torch row, as ``_matrix._torch`` writes one for 2.<minor>: numbered 99.<minor>
+    so that it never stands in the way of a real release's row."""
+    return _matrix.TorchRow("torch", (99, minor), (99, minor + 1), evidence, fixed=fixed)
 
 
 @dataclass(frozen=True)
@@ -61,39 +69,39 @@ class MadeUpRelease:
 
 
 MOVES_THE_SHARED_HELPER = MadeUpRelease(
-    "2.16.0",
-    (Site(FULLY_SHARD, (2, 16), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
+    "99.1.0",
+    (Site(FULLY_SHARD, (99, 1), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
           "_unimplemented_deepcopy", "cls_to_fsdp_cls", _SWAP_CLASS, _FSDP_2_6),
-     Site(FSDP2_REPLICATE, (2, 16), REPLICATE_WITH_FSDP_MODULE, "replicate",
+     Site(FSDP2_REPLICATE, (99, 1), REPLICATE_WITH_FSDP_MODULE, "replicate",
           ("ReplicateModule", "FSDPModule"), "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls",
           _SWAP_CLASS)),
-    _matrix._torch(16, "2.16.0 (made up) read: _apply_to_module moved to _composable/_swap_class.py, "
-                       "called by fully_shard and FSDP2 replicate; _fsdp_init keeps the old one"),
+    made_up_row(1, "99.1.0 (made up) read: _apply_to_module moved to _composable/_swap_class.py, "
+                   "called by fully_shard and FSDP2 replicate; _fsdp_init keeps the old one"),
 )
 ADDS_AN_API = MadeUpRelease(
-    "2.17.0",
-    (Site(PIPELINE_WRAP, (2, 17), PIPELINE_WRAP_MODULE, "pipeline_wrap", ("PipelineModule",), "Pipeline",
-          "_unimplemented_deepcopy", "cls_to_pipeline_cls"),),
-    _matrix._torch(17, "2.17.0 (made up) read: as 2.16.0; _composable/pipeline_wrap.py builds "
-                       "Pipeline<Name>(PipelineModule, cls) inline with cls_to_pipeline_cls"),
+    "99.2.0",
+    (Site(MADE_UP_WRAP, (99, 2), MADE_UP_WRAP_MODULE, "made_up_wrap", ("MadeUpModule",), "MadeUp",
+          "_unimplemented_deepcopy", "cls_to_made_up_cls"),),
+    made_up_row(2, "99.2.0 (made up) read: as 99.1.0; _composable/made_up_wrap.py builds "
+                   "MadeUp<Name>(MadeUpModule, cls) inline with cls_to_made_up_cls"),
     MOVES_THE_SHARED_HELPER,
-    apis=(PIPELINE_WRAP,),
-    torch_modules=(PIPELINE_WRAP_MODULE,),
-    evidence=((PIPELINE_WRAP, "torch 2.17 (made up)", "2.17.0 read: pipeline_wrap builds its class inline"),),
+    apis=(MADE_UP_WRAP,),
+    torch_modules=(MADE_UP_WRAP_MODULE,),
+    evidence=((MADE_UP_WRAP, "torch 99.2 (made up)", "99.2.0 read: made_up_wrap builds its class inline"),),
 )
 # Composable DDP needs no row: its builder has not moved, and its row with torch's fix (since 2.13)
-# already matches the 2.18 stand-in.
+# already matches the 99.3 stand-in.
 FIXES_THE_BUG = MadeUpRelease(
-    "2.18.0",
-    (Site(FULLY_SHARD, (2, 18), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
+    "99.3.0",
+    (Site(FULLY_SHARD, (99, 3), _FULLY_SHARD_2_6, "fully_shard", ("FSDPModule",), "FSDP",
           "_unimplemented_deepcopy", "cls_to_fsdp_cls", _SWAP_CLASS, _FSDP_2_6, torch_fix=_TORCH_FIX),
-     Site(FSDP2_REPLICATE, (2, 18), REPLICATE_WITH_FSDP_MODULE, "replicate",
+     Site(FSDP2_REPLICATE, (99, 3), REPLICATE_WITH_FSDP_MODULE, "replicate",
           ("ReplicateModule", "FSDPModule"), "Replicate", "_unimplemented_deepcopy", "cls_to_replicate_cls",
           _SWAP_CLASS, torch_fix=_TORCH_FIX),
-     Site(PIPELINE_WRAP, (2, 18), PIPELINE_WRAP_MODULE, "pipeline_wrap", ("PipelineModule",), "Pipeline",
-          "_unimplemented_deepcopy", "cls_to_pipeline_cls", torch_fix=_TORCH_FIX)),
-    _matrix._torch(18, "2.18.0 (made up) read: every builder calls torch.distributed._wrapper_cls."
-                       "make_wrapper_cls (upstream/torch.diff) in place of type", fixed=True),
+     Site(MADE_UP_WRAP, (99, 3), MADE_UP_WRAP_MODULE, "made_up_wrap", ("MadeUpModule",), "MadeUp",
+          "_unimplemented_deepcopy", "cls_to_made_up_cls", torch_fix=_TORCH_FIX)),
+    made_up_row(3, "99.3.0 (made up) read: every builder calls torch.distributed._wrapper_cls."
+                   "make_wrapper_cls (upstream/torch.diff) in place of type", fixed=True),
     ADDS_AN_API,
 )
 RELEASES = (MOVES_THE_SHARED_HELPER, ADDS_AN_API, FIXES_THE_BUG)

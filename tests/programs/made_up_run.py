@@ -5,7 +5,7 @@ transformers; wraps an ABC-first module and a plain one with every torch wrapper
 line: the status when only the new modules were imported and at the end, per wrapper the row
 the patch found, the probe's answer, the classes built and doctor's answer, and doctor's verdict.
 
-    python tests/programs/made_up_run.py 2.16.0    # in the test's venv, whose stand-in torch is that release
+    python tests/programs/made_up_run.py 99.1.0    # in the test's venv, whose stand-in torch is that release
 """
 
 import abc

@@ -1,4 +1,4 @@
-"""Made-up torch 2.18 (tests/programs/made_up_releases.py): composable DDP's replicate, with
+"""Made-up torch 99.3 (tests/programs/made_up_releases.py): composable DDP's replicate, with
 torch's fix as upstream/torch.diff has it: make_wrapper_cls called in place of type."""
 
 from typing import Any, NoReturn

@@ -1,4 +1,4 @@
-"""Made-up torch 2.18 (tests/programs/made_up_releases.py): 2.16's shared helper, with torch's fix
+"""Made-up torch 99.3 (tests/programs/made_up_releases.py): 99.1's shared helper, with torch's fix
 (upstream/torch.diff): it calls make_wrapper_cls in place of type."""
 
 from typing import Any, Callable

@@ -1,5 +1,5 @@
-"""Made-up torch 2.16 (tests/programs/made_up_releases.py): the stand-in's fully_shard, calling
-the shared helper where 2.16 moved it."""
+"""Made-up torch 99.1 (tests/programs/made_up_releases.py): the stand-in's fully_shard, calling
+the shared helper where 99.1 moved it."""
 
 import functools
 from typing import Any, Callable, NoReturn

@@ -1,4 +1,4 @@
-"""Made-up torch 2.16 (tests/programs/made_up_releases.py): the helper FSDP2's fully_shard and
+"""Made-up torch 99.1 (tests/programs/made_up_releases.py): the helper FSDP2's fully_shard and
 replicate share, moved here from fsdp/_fully_shard/_fsdp_init.py (which keeps the old one), its
 parameters renamed and reordered."""
 
