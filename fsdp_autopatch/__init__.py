@@ -33,7 +33,7 @@ MODE_VARIABLE = "FSDP_AUTOPATCH"
 OFF_VALUES = ("0", "off", "false", "no", "disable")
 FORCE_VALUES = ("force",)
 
-# The torch modules whose import arms the hooks: the packages that export FSDP2's fully_shard, and
+# The torch modules whose import registers the hooks: the packages that export FSDP2's fully_shard, and
 # the modules of the sites in _sites (the one table of where torch builds wrapper classes, which
 # names them from here), so that start-up imports nothing more of ours. torch alone arms nothing.
 FSDP2_PACKAGES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
@@ -45,7 +45,7 @@ TORCH_MODULES = (*FSDP2_PACKAGES, *FULLY_SHARD_MODULES, REPLICATE_WITH_FSDP_MODU
 # Megatron-FSDP (megatron-fsdp 0.6+) swaps classes the same way in its experimental fully_shard;
 # the package re-exports that function under the module's name, so it is reached by this name.
 MEGATRON_FSDP_MODULE = "megatron_fsdp.experimental.fully_shard"
-# Every module whose first import arms the hooks: torch's, and Megatron-FSDP's.
+# Every module whose first import registers the hooks: torch's, and Megatron-FSDP's.
 WATCHED_MODULES = (*TORCH_MODULES, MEGATRON_FSDP_MODULE)
 # Only its version decides, in auto mode; its model imports load torch.distributed.fsdp anyway.
 TRANSFORMERS = "transformers"

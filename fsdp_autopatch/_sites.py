@@ -129,7 +129,7 @@ HELPER_ROLES = ("modules", "cache", "wrapper", "prefix", "deepcopy")
 _HELPER_PARAMETERS = ("modules", "cls_to_wrapper_cls", "wrapper_module_cls", "wrapper_cls_prefix",
                       "unimplemented_deepcopy")
 _APPLY_TO_MODULE = ("torch.distributed.fsdp._fully_shard._fsdp_init", "_apply_to_module", _HELPER_PARAMETERS)
-# The fix torch needs (upstream/torch.diff; in no torch release yet): each builder calls this
+# The fix torch needs (upstream/torch.diff; in no torch release up to 2.15.0): each builder calls this
 # function in place of ``type``; it is this package's _wrapper_cls.make_wrapper_cls. A torch with
 # it is found by its builders' bytecode (its rows' "since" is the oldest release the patch applies
 # to); the probe, asking its builders, then finds no bug at any site, and the package stands aside.

@@ -257,17 +257,17 @@ def _start_fitting(base: type, cls: type) -> type | None:
     it then adds ``__dict__``, as ``cls`` does), or None where no mirror would
     fit: where Python refuses the move, or an instance of ``cls`` the switch.
 
-    Asked of a probe, a class of this module's with an instance: the probe
-    moves onto ``base``, its instance switches to ``cls`` and back, and the
-    probe moves back before the instance goes, whatever happens in between, so
+    Asked of a copy of the mirror's layout, a class of this module's with an
+    instance: the copy moves onto ``base``, its instance switches to ``cls`` and back, and
+    the copy moves back before the instance goes, whatever happens in between, so
     that it goes as an instance of a class of this module's alone (no
     ``__del__`` of the module's classes runs on it).
     """
     for start in (_Unplaced, _UnplacedGeneric):
-        probe = type("_LayoutProbe", (start,), {"__module__": __name__})
-        obj = object.__new__(probe)
+        layout = type("_MirrorLayout", (start,), {"__module__": __name__})
+        obj = object.__new__(layout)
         try:
-            probe.__bases__ = (base,)
+            layout.__bases__ = (base,)
         except TypeError:
             continue
         try:
@@ -276,9 +276,9 @@ def _start_fitting(base: type, cls: type) -> type | None:
         except TypeError:
             continue
         finally:
-            if type(obj) is not probe:
-                _SET_CLASS(obj, probe)
-            probe.__bases__ = (start,)
+            if type(obj) is not layout:
+                _SET_CLASS(obj, layout)
+            layout.__bases__ = (start,)
     return None
 
 

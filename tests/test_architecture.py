@@ -12,9 +12,10 @@ from conftest import ROOT
 
 DOC = ROOT / "docs" / "architecture.md"
 PACKAGE = ROOT / "fsdp_autopatch"
-# "`_hooks.try_install` (24 lines)", "`fsdp_autopatch/_speaker.py` (207 lines)",
-# "`docs/how-it-works.md#the-fix` (31 lines)": what to read, and how long it is.
-READ = re.compile(r"`([^`\s]+)` \(([\d,]+) lines?\)")
+# "`_hooks.try_install` (24 lines)", "`_speaker.__doc__` (33 lines)", "`fsdp_autopatch/_wrapper_cls.py`
+# (487 lines)", "`docs/how-it-works.md#the-fix` (31 lines)": what to read, and how long it is, on one
+# line or across two.
+READ = re.compile(r"`([^`\s]+)`\s+\(([\d,]+) lines?\)")
 TESTED = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
 TOTAL = re.compile(r"Read in full for \(a\) \u2013 \(g\): this page and the lines named above, "
                    r"([\d,]+) lines\.")
@@ -37,8 +38,13 @@ def module_file(name: str) -> Path:
 
 
 def definition_length(path: Path, dotted: str) -> int:
-    """Lines of the function or class ``dotted`` (``Class.method``) in ``path``, decorators included."""
+    """Lines of the function or class ``dotted`` (``Class.method``) in ``path``, decorators included;
+    of the module's docstring for ``__doc__``."""
     nodes: list[ast.stmt] = ast.parse(path.read_text(encoding="utf-8")).body
+    if dotted == "__doc__":
+        first = nodes[0]
+        assert isinstance(first, ast.Expr) and first.end_lineno is not None
+        return first.end_lineno - first.lineno + 1
     for part in dotted.split("."):
         node = next(node for node in nodes if isinstance(node, (ast.FunctionDef, ast.ClassDef))
                     and node.name == part)

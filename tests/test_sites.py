@@ -343,7 +343,7 @@ def test_a_release_that_adds_an_api_in_a_new_module_is_its_label_its_row_and_its
     tmp_path: Path, installed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Made-up torch 99.2 adds made_up_wrap in a module of its own: with its label in APIS, its row
-    and its module in TORCH_MODULES, its first import arms the hooks (they wait for transformers
+    and its module in TORCH_MODULES, its first import registers the hooks (they wait for transformers
     alone), and it is patched, probed, read by doctor and swept like the others."""
     release = made_up_releases.ADDS_AN_API
     report = run_made_up(tmp_path, installed, release)

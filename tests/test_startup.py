@@ -193,22 +193,24 @@ def test_a_finder_that_asks_every_finder_imports_as_without_the_package(
         assert ("fsdp_autopatch._hooks" in state["ours"]) is (mode != "0"), state
 
 
-# --- what arms: FSDP2 or transformers, never torch alone --------------------------------------
+# --- what registers the hooks: FSDP2 or transformers, never torch alone ------------------------
 
-NOT_ARMING = ["torch", "torch.nn", "torch.distributed", "torch, torch.nn, torch.distributed"]
+NOT_REGISTERING = ["torch", "torch.nn", "torch.distributed", "torch, torch.nn, torch.distributed"]
 
 
 @pytest.mark.parametrize("mode", ["auto", "force"])
-@pytest.mark.parametrize("imports", [*NOT_ARMING, *fsdp_autopatch.TORCH_MODULES, "transformers"])
-def test_only_fsdp2_or_transformers_arms(tmp_path: Path, installed: Path, imports: str, mode: str) -> None:
+@pytest.mark.parametrize("imports", [*NOT_REGISTERING, *fsdp_autopatch.TORCH_MODULES, "transformers"])
+def test_only_fsdp2_or_transformers_registers_the_hooks(
+    tmp_path: Path, installed: Path, imports: str, mode: str
+) -> None:
     """torch alone leaves the watcher waiting and loads nothing; an FSDP2 or composable DDP module
-    arms; so does transformers, in auto mode (force needs torch's module only)."""
+    registers the hooks; so does transformers, in auto mode (force needs torch's module only)."""
     env = make_throwaway(tmp_path / "venv", installed)
     fake_torch(env.site_packages)
     fake_transformers(env.site_packages)
     state = state_of(env.run_program(STATE, spec_of(imports), FSDP_AUTOPATCH=mode))
-    arms = imports in fsdp_autopatch.TORCH_MODULES or (imports == "transformers" and mode == "auto")
-    if arms:
+    registers = imports in fsdp_autopatch.TORCH_MODULES or (imports == "transformers" and mode == "auto")
+    if registers:
         assert "wrapt" in state["ours"] and "fsdp_autopatch._hooks" in state["ours"], state
         assert state["watchers"] == [], state
     else:

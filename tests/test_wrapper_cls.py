@@ -646,9 +646,9 @@ def test_no_code_of_the_modules_classes_runs_beyond_what_type_runs(
     """Deciding and building the mirror run nothing of the module's classes, on any object: per
     call, exactly what torch's own ``type(...)`` call runs for the same class (its metaclass's
     ``__new__``, ``__init__``, ``mro`` and attribute reads, the ``__init_subclass__`` of the class
-    built). A mirror's throwaway probe goes as a class of the fix's, so a ``__del__`` never sees
-    it. A metaclass that makes MROs itself gets no mirror: the fix cannot foresee where it would
-    put the wrapper's names, and torch raises as before."""
+    built). The copy of the mirror's layout that CPython is asked with goes as a class of the
+    fix's, so a ``__del__`` never sees it. A metaclass that makes MROs itself gets no mirror: the
+    fix cannot foresee where it would put the wrapper's names, and torch raises as before."""
     calls = Calls()
     _, mixin = own_code(calls, own_mro)
     bases = (mixin, Module) if order == "first" else (Module, mixin)
@@ -731,9 +731,9 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         AUDITED.append(args[0].__qualname__)
 
 
-def test_audit_hooks_see_the_probe_and_the_mirror_move_and_nothing_for_a_plain_module() -> None:
-    """The fix moves classes of its own with ``__bases__``: audit hooks see the probe move onto
-    the base and back, and the mirror move onto it (upstream/README.md, "What shows")."""
+def test_audit_hooks_see_the_mirrors_layout_and_the_mirror_move_and_nothing_for_a_plain_module() -> None:
+    """The fix moves classes of its own with ``__bases__``: audit hooks see a copy of the mirror's
+    layout move onto the base and back, and the mirror move onto it (upstream/README.md)."""
     sys.addaudithook(_audit)  # it stays for the process: it records only while asked
     _auditing.on = True
     try:
@@ -744,8 +744,8 @@ def test_audit_hooks_see_the_probe_and_the_mirror_move_and_nothing_for_a_plain_m
     finally:
         _auditing.on = False
     # The mirror moves where it is built, not where an earlier test's is still alive; on 3.15 the
-    # probe tries a second start.
-    assert set(AUDITED) <= {"_LayoutProbe", "GenericWrapper"} and AUDITED.count("_LayoutProbe") >= 2
+    # copy tries a second start.
+    assert set(AUDITED) <= {"_MirrorLayout", "GenericWrapper"} and AUDITED.count("_MirrorLayout") >= 2
 
 
 def test_a_shadowed_method_is_a_plain_method_on_the_built_class() -> None:

@@ -21,6 +21,10 @@ from pathlib import Path
 
 if __name__ == "__main__":  # as printed: the checkout's package, whatever this Python has installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # An installed package's start-up file has imported its own fsdp_autopatch already: forget it,
+    # so that the modules below are the checkout's.
+    for _name in [name for name in sys.modules if name.split(".")[0] == "fsdp_autopatch"]:
+        del sys.modules[_name]
 
 from fsdp_autopatch import _matrix, _sites
 
