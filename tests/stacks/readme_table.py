@@ -204,8 +204,9 @@ def publish(run: dict[str, Any], docs: Optional[bool] = None) -> str:
     """Write the table: into docs/works-with.md when asked for and every row ran, else to a
     temporary file next to the run it came from (``results.json``). Returns where it went."""
     text = render(run)
-    out = Path(tempfile.gettempdir()) / "fsdp-autopatch-stacks"
-    out.mkdir(exist_ok=True)
+    # A directory of its own, made by mkdtemp (mode 0700): a fixed name in a shared temporary
+    # directory could be another user's, or a link planted there.
+    out = Path(tempfile.mkdtemp(prefix="fsdp-autopatch-stacks-"))
     (out / "results.json").write_text(json.dumps(run, indent=1, sort_keys=True))
     if docs is None:
         docs = any(os.environ.get(name, "") not in ("", "0") for name in DOCS_VARIABLES)
