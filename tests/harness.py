@@ -14,6 +14,7 @@ package, makes environments or runs fresh interpreters does it the same way:
 - ``replace_section``: generated text between two markers of README.md or a page of docs/;
 - ``split_importtime``: ``python -X importtime`` output, parsed;
 - ``json_lines``: the JSON objects a program (or ranks sharing one pipe) printed;
+- ``cpython_accepts``: whether CPython lets an instance of one class become another;
 - ``portable_path`` / ``portable_command`` / ``portable_text``: paths as a reader of another
   machine can follow them.
 
@@ -296,3 +297,14 @@ def json_lines(output: str) -> list[dict[str, Any]]:
             if isinstance(found, dict):
                 objects.append(found)
     return objects
+
+
+def cpython_accepts(cls: type, new: type) -> bool:
+    """Whether CPython's ``__class__`` assignment lets an instance of ``cls`` become a ``new``
+    (its layout check), asked on an object made without running either class's ``__init__``."""
+    instance = object.__new__(cls)
+    try:
+        instance.__class__ = new
+    except TypeError:
+        return False
+    return True

@@ -12,6 +12,7 @@ import typing
 from typing import Any
 
 import pytest
+from harness import cpython_accepts
 
 from fsdp_autopatch import _classes, _wrapper_cls
 
@@ -74,15 +75,6 @@ class Finalized(Module):
 
     def __del__(self) -> None:
         Finalized.calls += 1
-
-
-def cpython_accepts(cls: type, new: type) -> bool:
-    instance = object.__new__(cls)
-    try:
-        instance.__class__ = new
-    except TypeError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("wrapper", [Wrapper, ReplicateLike], ids=["wrapper", "replicate_like"])

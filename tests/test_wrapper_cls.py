@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+from harness import cpython_accepts
 
 from fsdp_autopatch import _wrapper_cls
 
@@ -149,15 +150,6 @@ def shapes() -> dict[str, type]:
 
 
 SHAPES = shapes()
-
-
-def cpython_accepts(cls: type, new: type) -> bool:
-    instance = object.__new__(cls)
-    try:
-        instance.__class__ = new
-    except TypeError:
-        return False
-    return True
 
 
 def has_dict(cls: type) -> bool:
