@@ -58,7 +58,9 @@ def format_seconds(seconds: Optional[float]) -> str:
         return f"{seconds:.2f} s"
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.0f} µs"
+    if seconds >= 1e-6:
+        return f"{seconds * 1e6:.0f} µs"
+    return f"{seconds * 1e9:.0f} ns"  # an attribute look-up: µs would round it to 0
 
 
 def format_delta(seconds: Optional[float]) -> str:

@@ -25,7 +25,8 @@ machine. The rule, with the CPython and Linux facts it relies on:
   itself; so does an mp.spawn parent whose main module imports them at the top), or a rank did
   before starting DataLoader workers that import them again.
 - Another user may bind a name first to silence this one: a name counts only where its holder's
-  uid (SO_PEERCRED, given on connect) is this process's. Where it is not, this process speaks.
+  uid (SO_PEERCRED, given on connect) is this process's. Where it is not, this process speaks,
+  and so does each sibling that claims it: a squatter can make a launch say more, never less.
 - The speaker holds the name while it lives: a member of the launch that asks after the
   speaker has exited speaks again (a rank restarted by torchrun's --max-restarts).
 - Without /proc or Unix sockets (macOS, Windows) nothing is claimed and no file is written:

@@ -7,6 +7,7 @@ installed; nothing they say describes what training processes of that Python loa
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -93,8 +94,9 @@ def test_python_s_in_a_checkout_names_the_site_packages_it_hides(
     result = subprocess.run([sys.executable, "-S", "-m", "fsdp_autopatch", command], capture_output=True,
                             text=True, cwd=checkout, env=environment(), timeout=120, check=False)
     assert result.returncode == 2, result.stdout + result.stderr
+    setting = f"PYTHONPATH={shlex.quote(str(installed))}"  # as a user pastes it into a shell
     detail = (f"{checkout} is a source tree, and python -S hides {installed}, where fsdp-autopatch is "
-              f"installed: set PYTHONPATH={installed}, as for a python -S training script, and run from "
+              f"installed: set {setting}, as for a python -S training script, and run from "
               "another directory")
     verdict = {"doctor": "CANNOT TELL", "verify": "cannot verify"}[command]
     assert result.stdout.splitlines()[-1] == f"{verdict}: {detail}"

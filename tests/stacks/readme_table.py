@@ -87,8 +87,9 @@ ROWS = (
 # Met with or without this package (each fails the same way on transformers 4.55.3, which has no
 # bug): worth a line to whoever shards these models on these versions.
 TRAPS = (
-    "accelerate 1.10.1 never runs FSDP on a CPU: `fsdp_version=2` plugins and "
-    "`accelerate launch --use_fsdp` silently wrap the model in DDP there.",
+    "accelerate never runs FSDP on a CPU, and says nothing of it: `fsdp_version=2` plugins and "
+    "`accelerate launch --use_fsdp` wrap the model in DDP there (1.10.1) or leave each process "
+    "an undistributed copy (1.16.0, `DistributedType.NO`).",
     "TRL's `RewardConfig` defaults to `bf16=True`, which fails on a CPU: pass `bf16=False`.",
     "`Trainer.save_model()` writes no weights under accelerate's FSDP2 default "
     "`SHARDED_STATE_DICT`: set `FSDP_STATE_DICT_TYPE=FULL_STATE_DICT`.",
