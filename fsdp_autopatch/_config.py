@@ -82,6 +82,11 @@ def log_level_from_environment() -> "tuple[str | None, str]":
 def pip_command(arguments: str) -> str:
     """``<this interpreter> -m pip <arguments>``, for a remedy: a bare ``pip`` on ``PATH`` may
     belong to another Python than the one the user ran."""
+    return f"{quoted_for_paste(sys.executable) if sys.executable else 'python3'} -m pip {arguments}"
+
+
+def quoted_for_paste(text: str) -> str:
+    """``text`` as one word of a shell command, for a remedy the user pastes (paths with spaces)."""
     import shlex
 
-    return f"{shlex.quote(sys.executable) if sys.executable else 'python3'} -m pip {arguments}"
+    return shlex.quote(text)

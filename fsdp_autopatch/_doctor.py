@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import re
-import shlex
 import site
 import sys
 import types
@@ -86,9 +85,9 @@ def check_installation() -> tuple[str, str]:
                              f"{installed} (run from another directory)")
     hidden = hidden_site_packages()
     if hidden is not None:
-        setting = f"PYTHONPATH={shlex.quote(str(hidden))}"  # pasted into a shell as it is
+        where = _config.quoted_for_paste(str(hidden))
         return SOURCE_TREE, (f"{package.parent} is a source tree, and python -S hides {hidden}, where "
-                             f"fsdp-autopatch is installed: set {setting}, as for a python -S "
+                             f"fsdp-autopatch is installed: set PYTHONPATH={where}, as for a python -S "
                              "training script, and run from another directory")
     return SOURCE_TREE, (f"{package.parent} is a source tree, and fsdp-autopatch is not installed for "
                          f"{sys.executable} ({_config.pip_command('install .')} there; doctor answers from "
